@@ -1,0 +1,119 @@
+// Eager paged decode attention: V1 (single pass) and V2 (partitioned pass 1 + merge),
+// the KV append (vLLM reshape_and_cache), and their float64 / host counterparts.
+//
+// Shapes (elements of spec.dtype unless noted):
+//   q, out        [num_seqs, num_q_heads, head_size]
+//   k_cache       kVLLM: [num_blocks, kv_heads, head_size/x, block_size, x]; kNHD: [num_blocks, block_size, kv_heads, head_size]
+//   v_cache       kVLLM: [num_blocks, kv_heads, head_size, block_size];      kNHD: as k_cache
+//   block_tables  int32 [num_seqs, block_table_stride]
+//   seq_lens      int32 [num_seqs]; 0 marks a padded row (its output is left untouched)
+//   alibi_slopes  fp32 [num_q_heads] or null; bias = slope * (pos - seq_len + 1)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "decodegraph/types.hpp"
+
+namespace decodegraph {
+
+/// Arguments of one attention call. Pointers are device pointers for the CUDA launchers and host
+/// pointers for host:: functions and reference::.
+struct DecodeArgs {
+  AttentionSpec spec;
+  int num_seqs = 0;
+  /// Upper bound on every seq_len; sizes the grid (graph mode: the band's upper edge).
+  int max_seq_len = 0;
+  /// Row stride of block_tables, in entries. Must satisfy stride * block_size >= max_seq_len.
+  int block_table_stride = 0;
+  /// Number of blocks in the cache (block ids must lie in [0, num_blocks)).
+  int num_blocks = 0;
+
+  const void* q = nullptr;
+  void* out = nullptr;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  const int32_t* block_tables = nullptr;
+  const int32_t* seq_lens = nullptr;
+  const float* alibi_slopes = nullptr;
+
+  /// Optional host copy of seq_lens. The CUDA launchers never read device memory on the host (they
+  /// stay capturable), so per-length checks happen only when this is given.
+  const int32_t* host_seq_lens = nullptr;
+  /// Optional host copy of block_tables, checked against num_blocks when given.
+  const int32_t* host_block_tables = nullptr;
+};
+
+/// Partitions a sequence of `len` tokens needs at partition size P.
+inline int num_partitions(int len, int partition_size) {
+  return len <= 0 ? 0 : (len + partition_size - 1) / partition_size;
+}
+
+/// V2 workspace: fp32 partials for num_seqs x num_q_heads x max_partitions partitions:
+/// max logits, exp sums and normalised partial outputs [.., head_size]. 256-byte aligned sub-buffers.
+struct V2WorkspaceLayout {
+  int max_partitions = 0;
+  std::size_t max_logits_offset = 0;  // float [num_seqs, num_q_heads, max_partitions]
+  std::size_t exp_sums_offset = 0;    // float [num_seqs, num_q_heads, max_partitions]
+  std::size_t partial_out_offset = 0; // float [num_seqs, num_q_heads, max_partitions, head_size]
+  std::size_t total_bytes = 0;
+};
+V2WorkspaceLayout v2_workspace_layout(const AttentionSpec& spec, int num_seqs, int max_seq_len,
+                                      int partition_size);
+/// Size query: bytes of workspace paged_attention_v2 needs (total_bytes of the layout).
+std::size_t v2_workspace_size(const AttentionSpec& spec, int num_seqs, int max_seq_len,
+                              int partition_size);
+
+/// Throws Error for every invalid argument (spec, counts, null/misaligned pointers, a block table too
+/// narrow for max_seq_len, and host_seq_lens / host_block_tables contents when given). Run by every
+/// entry point below before anything is launched.
+void validate_decode_args(const DecodeArgs& args);
+/// Throws Error unless partition_size is a positive multiple of block_size.
+void validate_partition_size(const AttentionSpec& spec, int partition_size);
+
+/// KV append arguments (vLLM reshape_and_cache): key/value [num_tokens, num_kv_heads, head_size];
+/// slot_mapping int64 [num_tokens]: slot = block_id * block_size + offset; a negative slot is skipped.
+struct AppendArgs {
+  AttentionSpec spec;
+  int num_tokens = 0;
+  int num_blocks = 0;
+  const void* key = nullptr;
+  const void* value = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  /// Optional host copy of slot_mapping, range-checked against num_blocks * block_size when given.
+  const int64_t* host_slot_mapping = nullptr;
+};
+void validate_append_args(const AppendArgs& args);
+
+// ---------------------------------------------------------------- CUDA eager launchers
+// Capturable: no allocation, no synchronisation, no host read of device data. Throw Error on bad
+// input (before launching) and on a failed launch. Throw Error when built without CUDA.
+
+void paged_attention_v1(const DecodeArgs& args, Stream stream);
+void paged_attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
+                        std::size_t workspace_bytes, Stream stream);
+void append_kv(const AppendArgs& args, Stream stream);
+
+/// True when this build has CUDA and a usable device is present.
+bool cuda_device_available();
+
+// ---------------------------------------------------------------- host implementation
+// Same partitioning and merge as the kernels, fp32 accumulation, sharing their math through
+// kernels/decode_math.hpp. Host pointers. Padded rows (seq_len 0) leave their output untouched.
+namespace host {
+void paged_attention_v1(const DecodeArgs& args);
+void paged_attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
+                        std::size_t workspace_bytes);
+void append_kv(const AppendArgs& args);
+}  // namespace host
+
+// ---------------------------------------------------------------- float64 reference
+namespace reference {
+/// Plain-loop float64 attention gathering K/V through the block table for either layout.
+/// out64 [num_seqs, num_q_heads, head_size]; rows with seq_len 0 are left untouched.
+void paged_attention(const DecodeArgs& args, double* out64);
+}  // namespace reference
+
+}  // namespace decodegraph

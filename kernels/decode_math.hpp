@@ -1,0 +1,87 @@
+// Math shared by the CUDA kernels and the host implementation (__host__ __device__):
+// logits, online-softmax rescaling, state merging, the partition merge weights, and the index
+// arithmetic of the paged layouts and the V2 partials. Keeping it in one place is what makes the
+// host backend a faithful model of the device path.
+//
+// Conventions: m is a running max of logits (already scaled), l the sum of exp(s - m), acc the
+// unnormalised sum of exp(s - m) * v. -inf marks "no token seen"; every function maps it to weight 0,
+// never NaN.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "decodegraph/numeric.hpp"
+#include "decodegraph/types.hpp"
+
+namespace decodegraph::math {
+
+DG_HD float neg_inf() { return -INFINITY; }
+
+/// exp(x - m) that is 0 when x is -inf (also when m is -inf, which then implies x is -inf).
+DG_HD float exp_shifted(float x, float m) { return x == -INFINITY ? 0.0f : expf(x - m); }
+
+/// Logit of one token: dot(q, k) * scale + alibi_slope * (pos - seq_len + 1).
+DG_HD float logit(float dot, float scale, float alibi_slope, int pos, int seq_len) {
+  return dot * scale + alibi_slope * static_cast<float>(pos - seq_len + 1);
+}
+
+/// Online softmax: folds a tile whose max logit is tile_max into (m, l).
+/// Returns the factor by which the caller must rescale its accumulator; afterwards the caller adds
+/// exp_shifted(s, m) for each of the tile's logits into l and acc.
+DG_HD float online_rescale(float& m, float& l, float tile_max) {
+  const float m_new = fmaxf(m, tile_max);
+  const float f = exp_shifted(m, m_new);
+  l *= f;
+  m = m_new;
+  return f;
+}
+
+/// Merging two online-softmax states a and b: the common max and each side's factor.
+struct MergeFactors {
+  float m;
+  float fa;
+  float fb;
+};
+DG_HD MergeFactors merge_factors(float ma, float mb) {
+  const float m = fmaxf(ma, mb);
+  return MergeFactors{m, exp_shifted(ma, m), exp_shifted(mb, m)};
+}
+
+/// Pass 2 weight of a partition with max m_p and exp sum l_p, given the global max M:
+/// w_p = l_p * exp(m_p - M); an empty partition (m_p = -inf) weighs 0.
+DG_HD float partition_weight(float m_p, float l_p, float M) {
+  return m_p == -INFINITY ? 0.0f : l_p * expf(m_p - M);
+}
+
+/// acc / l, or 0 where nothing was accumulated.
+DG_HD float normalise(float acc, float l) { return l > 0.0f ? acc / l : 0.0f; }
+
+/// Index of partition `part` of (seq, head) in the V2 max-logit / exp-sum arrays
+/// [num_seqs, num_q_heads, max_partitions]; multiply by head_size for partial_out rows.
+DG_HD int64_t partial_index(int seq, int q_head, int part, int num_q_heads, int max_partitions) {
+  return (static_cast<int64_t>(seq) * num_q_heads + q_head) * max_partitions + part;
+}
+
+/// Element offset of K[block, kv_head, token-in-block, d] in the cache of one layer.
+DG_HD int64_t k_offset(KVLayout layout, int64_t block, int kv_head, int tok, int d, int num_kv_heads,
+                       int head_size, int block_size, int x) {
+  if (layout == KVLayout::kNHD)
+    return ((block * block_size + tok) * num_kv_heads + kv_head) * head_size + d;
+  // [num_blocks, kv_heads, head_size/x, block_size, x]
+  return (((block * num_kv_heads + kv_head) * (head_size / x) + d / x) * block_size + tok) * x + d % x;
+}
+
+/// Element offset of V[block, kv_head, token-in-block, d] in the cache of one layer.
+DG_HD int64_t v_offset(KVLayout layout, int64_t block, int kv_head, int tok, int d, int num_kv_heads,
+                       int head_size, int block_size) {
+  if (layout == KVLayout::kNHD)
+    return ((block * block_size + tok) * num_kv_heads + kv_head) * head_size + d;
+  // [num_blocks, kv_heads, head_size, block_size]
+  return ((block * num_kv_heads + kv_head) * head_size + d) * block_size + tok;
+}
+
+/// x of the vLLM K layout: elements per 16 bytes.
+DG_HD int vllm_x(int elem_bytes) { return 16 / elem_bytes; }
+
+}  // namespace decodegraph::math
