@@ -1,0 +1,122 @@
+// Value-type helpers declared in types.hpp and version.hpp: sizes, names, parsing, spec checks.
+// Host-only, no CUDA dependency (builds in every configuration).
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <string>
+
+#include "decodegraph/error.hpp"
+#include "decodegraph/types.hpp"
+#include "decodegraph/version.hpp"
+
+#ifndef DECODEGRAPH_VERSION_STRING
+#error "DECODEGRAPH_VERSION_STRING must be defined by the build (CMakeLists.txt)"
+#endif
+#ifndef DECODEGRAPH_HAS_CUDA
+#error "DECODEGRAPH_HAS_CUDA must be defined by the build (CMakeLists.txt)"
+#endif
+
+namespace decodegraph {
+
+const char* version() { return DECODEGRAPH_VERSION_STRING; }
+bool built_with_cuda() { return DECODEGRAPH_HAS_CUDA != 0; }
+
+namespace {
+
+template <std::size_t N>
+std::string join(const std::array<int, N>& values) {
+  std::string s;
+  for (std::size_t i = 0; i < N; ++i) s += (i ? ", " : "") + std::to_string(values[i]);
+  return s;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+constexpr const char* kDTypeAllowed = "0 (fp16), 1 (bf16), 2 (fp32)";
+constexpr const char* kLayoutAllowed = "0 (vllm), 1 (nhd)";
+
+}  // namespace
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return 2;
+    case DType::kBFloat16: return 2;
+    case DType::kFloat32: return 4;
+  }
+  throw_invalid("dtype", static_cast<int>(dtype), kDTypeAllowed);
+}
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return "fp16";
+    case DType::kBFloat16: return "bf16";
+    case DType::kFloat32: return "fp32";
+  }
+  return "invalid-dtype";
+}
+
+const char* to_string(KVLayout layout) {
+  switch (layout) {
+    case KVLayout::kVLLM: return "vllm";
+    case KVLayout::kNHD: return "nhd";
+  }
+  return "invalid-layout";
+}
+
+const char* to_string(KernelKind kind) {
+  switch (kind) {
+    case KernelKind::kV1: return "v1";
+    case KernelKind::kV2: return "v2";
+  }
+  return "invalid-kernel";
+}
+
+DType parse_dtype(const std::string& name) {
+  const std::string n = lower(name);
+  if (n == "fp16" || n == "float16" || n == "half") return DType::kFloat16;
+  if (n == "bf16" || n == "bfloat16") return DType::kBFloat16;
+  if (n == "fp32" || n == "float32" || n == "float") return DType::kFloat32;
+  throw_invalid("dtype", "\"" + name + "\"",
+                "fp16, float16, half, bf16, bfloat16, fp32, float32, float");
+}
+
+KVLayout parse_layout(const std::string& name) {
+  const std::string n = lower(name);
+  if (n == "vllm") return KVLayout::kVLLM;
+  if (n == "nhd") return KVLayout::kNHD;
+  throw_invalid("layout", "\"" + name + "\"", "vllm, nhd");
+}
+
+float AttentionSpec::effective_scale() const {
+  return scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
+}
+
+std::size_t AttentionSpec::block_elems() const {
+  return static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_kv_heads) *
+         static_cast<std::size_t>(head_size);
+}
+
+void validate_spec(const AttentionSpec& spec) {
+  const auto& hs = kSupportedHeadSizes;
+  require(std::find(hs.begin(), hs.end(), spec.head_size) != hs.end(), "head_size", spec.head_size,
+          join(hs));
+  const auto& bs = kSupportedBlockSizes;
+  require(std::find(bs.begin(), bs.end(), spec.block_size) != bs.end(), "block_size",
+          spec.block_size, join(bs));
+  require(spec.num_kv_heads > 0, "num_kv_heads", spec.num_kv_heads, "a positive integer");
+  require(spec.num_q_heads > 0, "num_q_heads", spec.num_q_heads, "a positive integer");
+  require(spec.num_q_heads % spec.num_kv_heads == 0, "num_q_heads", spec.num_q_heads,
+          "a multiple of num_kv_heads = " + std::to_string(spec.num_kv_heads));
+  const int d = static_cast<int>(spec.dtype);
+  require(d >= 0 && d <= 2, "dtype", d, kDTypeAllowed);
+  const int l = static_cast<int>(spec.layout);
+  require(l >= 0 && l <= 1, "layout", l, kLayoutAllowed);
+  require(std::isfinite(spec.scale), "scale", spec.scale,
+          "a finite value (<= 0 selects 1/sqrt(head_size))");
+}
+
+}  // namespace decodegraph

@@ -1,0 +1,309 @@
+// Host implementation of paged decode attention V1 and V2 (host:: in attention.hpp).
+//
+// It mirrors the kernels' partitioning and merge, and takes every per-token and merge formula from
+// kernels/decode_math.hpp, so that the executor's host backend is a faithful model of the device
+// path:
+//   V1: per (sequence, KV head) one online-softmax pass over the whole context, one tile per cache
+//       block, for all query heads of the GQA group at once (K/V converted once per block).
+//   V2: the same pass per partition of P tokens, writing fp32 partials (m_p, l_p, acc_p / l_p) into the
+//       caller's workspace as laid out by v2_workspace_layout; then a merge per (sequence, query head)
+//       in fixed partition order, w_p = l_p exp(m_p - M). A single partition is copied.
+// fp32 accumulation throughout. Rows with seq_len 0 (executor padding) leave out untouched.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "decodegraph/attention.hpp"
+#include "decodegraph/error.hpp"
+#include "decodegraph/numeric.hpp"
+#include "kernels/decode_math.hpp"
+
+namespace decodegraph::host {
+namespace {
+
+// ---------------------------------------------------------------- element types
+
+// fp16 -> float via a 64K-entry table: the conversion is the hot loop of the host path.
+const std::array<float, 65536>& fp16_table() {
+  static const std::array<float, 65536> table = [] {
+    std::array<float, 65536> t{};
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = fp16_bits_to_float(static_cast<uint16_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+struct Fp16 {
+  using T = uint16_t;
+  const float* table = fp16_table().data();
+  float load(T v) const { return table[v]; }
+  static T store(float f) { return float_to_fp16_bits(f); }
+};
+struct Bf16 {
+  using T = uint16_t;
+  static float load(T v) { return bf16_bits_to_float(v); }
+  static T store(float f) { return float_to_bf16_bits(f); }
+};
+struct Fp32 {
+  using T = float;
+  static float load(T v) { return v; }
+  static T store(float f) { return f; }
+};
+
+// ---------------------------------------------------------------- geometry
+
+// Offsets of K/V elements split as base(block, kv_head) + rel(token, d), which holds for both
+// layouts; rel is tabulated once per call so the inner loops do no index arithmetic.
+struct Geometry {
+  const AttentionSpec& s;
+  int hs, bs, group, x;
+  float scale;
+  std::vector<int64_t> k_rel, v_rel;  // [block_size * head_size], token-major
+
+  explicit Geometry(const AttentionSpec& spec)
+      : s(spec),
+        hs(spec.head_size),
+        bs(spec.block_size),
+        group(spec.num_q_heads / spec.num_kv_heads),
+        x(math::vllm_x(static_cast<int>(dtype_size(spec.dtype)))),
+        scale(spec.effective_scale()),
+        k_rel(static_cast<std::size_t>(bs) * hs),
+        v_rel(static_cast<std::size_t>(bs) * hs) {
+    for (int t = 0; t < bs; ++t)
+      for (int d = 0; d < hs; ++d) {
+        k_rel[t * hs + d] = math::k_offset(s.layout, 0, 0, t, d, s.num_kv_heads, hs, bs, x);
+        v_rel[t * hs + d] = math::v_offset(s.layout, 0, 0, t, d, s.num_kv_heads, hs, bs);
+      }
+  }
+  int64_t k_base(int64_t block, int kvh) const {
+    return math::k_offset(s.layout, block, kvh, 0, 0, s.num_kv_heads, hs, bs, x);
+  }
+  int64_t v_base(int64_t block, int kvh) const {
+    return math::v_offset(s.layout, block, kvh, 0, 0, s.num_kv_heads, hs, bs);
+  }
+};
+
+// Online-softmax state of the `group` query heads of one KV head over a token range.
+struct GroupState {
+  std::vector<float> q;      // [group, head_size]
+  std::vector<float> slope;  // [group]
+  std::vector<float> m, l;   // [group]
+  std::vector<float> acc;    // [group, head_size]
+  std::vector<float> kf, vf, s;  // one block tile: [block_size, head_size] x2, [block_size]
+
+  GroupState(int group, int hs, int bs)
+      : q(static_cast<std::size_t>(group) * hs), slope(group), m(group), l(group),
+        acc(static_cast<std::size_t>(group) * hs), kf(static_cast<std::size_t>(bs) * hs),
+        vf(static_cast<std::size_t>(bs) * hs), s(bs) {}
+  void reset() {
+    std::fill(m.begin(), m.end(), math::neg_inf());
+    std::fill(l.begin(), l.end(), 0.0f);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+  }
+};
+
+// Eight independent partial sums let the compiler vectorise without reassociating (head sizes are
+// multiples of 16).
+inline float dot(const float* a, const float* b, int n) {
+  float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int d = 0; d < n; d += 8)
+    for (int j = 0; j < 8; ++j) p[j] += a[d + j] * b[d + j];
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+// Folds tokens [t0, t1) of one sequence's KV head `kvh` into st.
+template <class E>
+void attend(const Geometry& g, const E& e, const typename E::T* kc, const typename E::T* vc,
+            const int32_t* table, int len, int kvh, int t0, int t1, GroupState& st) {
+  const int hs = g.hs, bs = g.bs;
+  for (int t = t0; t < t1;) {
+    const int64_t block = table[t / bs];
+    const int first = t % bs;
+    const int n = std::min(bs - first, t1 - t);
+    const typename E::T* kb = kc + g.k_base(block, kvh);
+    const typename E::T* vb = vc + g.v_base(block, kvh);
+    const int64_t* kr = g.k_rel.data() + static_cast<std::size_t>(first) * hs;
+    const int64_t* vr = g.v_rel.data() + static_cast<std::size_t>(first) * hs;
+    for (int i = 0; i < n * hs; ++i) {
+      st.kf[i] = e.load(kb[kr[i]]);
+      st.vf[i] = e.load(vb[vr[i]]);
+    }
+    for (int h = 0; h < g.group; ++h) {
+      const float* q = st.q.data() + static_cast<std::size_t>(h) * hs;
+      float tile_max = math::neg_inf();
+      for (int i = 0; i < n; ++i) {
+        st.s[i] = math::logit(dot(q, st.kf.data() + static_cast<std::size_t>(i) * hs, hs), g.scale,
+                              st.slope[h], t + i, len);
+        tile_max = std::max(tile_max, st.s[i]);
+      }
+      float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
+      const float f = math::online_rescale(st.m[h], st.l[h], tile_max);
+      if (f != 1.0f)
+        for (int d = 0; d < hs; ++d) acc[d] *= f;
+      for (int i = 0; i < n; ++i) {
+        const float p = math::exp_shifted(st.s[i], st.m[h]);
+        st.l[h] += p;
+        const float* v = st.vf.data() + static_cast<std::size_t>(i) * hs;
+        for (int d = 0; d < hs; ++d) acc[d] += p * v[d];
+      }
+    }
+    t += n;
+  }
+}
+
+// ---------------------------------------------------------------- validation of host contents
+
+// Host pointers: the actual lengths (0 = padded row allowed) and the table entries they use.
+void check_host_contents(const DecodeArgs& a) {
+  const std::string len_allowed = "0 .. max_seq_len = 0 .. " + std::to_string(a.max_seq_len);
+  const std::string blk_allowed = "0 .. num_blocks - 1 = 0 .. " + std::to_string(a.num_blocks - 1);
+  for (int i = 0; i < a.num_seqs; ++i) {
+    const int len = a.seq_lens[i];
+    require(len >= 0 && len <= a.max_seq_len, "seq_lens[" + std::to_string(i) + "]", len,
+            len_allowed);
+    const int32_t* row = a.block_tables + static_cast<int64_t>(i) * a.block_table_stride;
+    for (int j = 0; j < num_partitions(len, a.spec.block_size); ++j)
+      require(row[j] >= 0 && row[j] < a.num_blocks,
+              "block_tables[" + std::to_string(i) + "][" + std::to_string(j) + "]", row[j],
+              blk_allowed);
+  }
+}
+
+// ---------------------------------------------------------------- V1 / V2
+
+template <class E>
+void load_group(const DecodeArgs& a, const Geometry& g, const E& e, int seq, int kvh,
+                GroupState& st) {
+  const auto* q = static_cast<const typename E::T*>(a.q);
+  for (int h = 0; h < g.group; ++h) {
+    const int qh = kvh * g.group + h;
+    const int64_t row = (static_cast<int64_t>(seq) * a.spec.num_q_heads + qh) * g.hs;
+    for (int d = 0; d < g.hs; ++d) st.q[static_cast<std::size_t>(h) * g.hs + d] = e.load(q[row + d]);
+    st.slope[h] = a.alibi_slopes ? a.alibi_slopes[qh] : 0.0f;
+  }
+}
+
+template <class E>
+void run_v1(const DecodeArgs& a) {
+  const Geometry g(a.spec);
+  const E e{};
+  GroupState st(g.group, g.hs, g.bs);
+  const auto* kc = static_cast<const typename E::T*>(a.k_cache);
+  const auto* vc = static_cast<const typename E::T*>(a.v_cache);
+  auto* out = static_cast<typename E::T*>(a.out);
+  for (int seq = 0; seq < a.num_seqs; ++seq) {
+    const int len = a.seq_lens[seq];
+    if (len == 0) continue;  // padded row
+    const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
+    for (int kvh = 0; kvh < a.spec.num_kv_heads; ++kvh) {
+      load_group(a, g, e, seq, kvh, st);
+      st.reset();
+      attend(g, e, kc, vc, table, len, kvh, 0, len, st);
+      for (int h = 0; h < g.group; ++h) {
+        const int64_t row =
+            (static_cast<int64_t>(seq) * a.spec.num_q_heads + kvh * g.group + h) * g.hs;
+        const float* acc = st.acc.data() + static_cast<std::size_t>(h) * g.hs;
+        for (int d = 0; d < g.hs; ++d) out[row + d] = E::store(math::normalise(acc[d], st.l[h]));
+      }
+    }
+  }
+}
+
+template <class E>
+void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* workspace) {
+  const Geometry g(a.spec);
+  const E e{};
+  GroupState st(g.group, g.hs, g.bs);
+  const int H = a.spec.num_q_heads, hs = g.hs;
+  auto* ws = static_cast<unsigned char*>(workspace);
+  float* max_logits = reinterpret_cast<float*>(ws + w.max_logits_offset);
+  float* exp_sums = reinterpret_cast<float*>(ws + w.exp_sums_offset);
+  float* partial_out = reinterpret_cast<float*>(ws + w.partial_out_offset);
+  const auto* kc = static_cast<const typename E::T*>(a.k_cache);
+  const auto* vc = static_cast<const typename E::T*>(a.v_cache);
+  auto* out = static_cast<typename E::T*>(a.out);
+  std::vector<float> merged(hs);
+
+  for (int seq = 0; seq < a.num_seqs; ++seq) {
+    const int len = a.seq_lens[seq];
+    if (len == 0) continue;  // padded row
+    const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
+    const int parts = num_partitions(len, P);
+
+    // Pass 1: partials per (KV head group, partition).
+    for (int kvh = 0; kvh < a.spec.num_kv_heads; ++kvh) {
+      load_group(a, g, e, seq, kvh, st);
+      for (int p = 0; p < parts; ++p) {
+        st.reset();
+        attend(g, e, kc, vc, table, len, kvh, p * P, std::min(len, (p + 1) * P), st);
+        for (int h = 0; h < g.group; ++h) {
+          const int64_t idx = math::partial_index(seq, kvh * g.group + h, p, H, w.max_partitions);
+          max_logits[idx] = st.m[h];
+          exp_sums[idx] = st.l[h];
+          const float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
+          float* po = partial_out + idx * hs;
+          for (int d = 0; d < hs; ++d) po[d] = math::normalise(acc[d], st.l[h]);
+        }
+      }
+    }
+
+    // Pass 2: merge in fixed partition order.
+    for (int qh = 0; qh < H; ++qh) {
+      const int64_t row = (static_cast<int64_t>(seq) * H + qh) * hs;
+      const int64_t base = math::partial_index(seq, qh, 0, H, w.max_partitions);
+      if (parts == 1) {
+        for (int d = 0; d < hs; ++d) out[row + d] = E::store(partial_out[base * hs + d]);
+        continue;
+      }
+      float M = math::neg_inf();
+      for (int p = 0; p < parts; ++p) M = std::max(M, max_logits[base + p]);
+      std::fill(merged.begin(), merged.end(), 0.0f);
+      float W = 0.0f;
+      for (int p = 0; p < parts; ++p) {
+        const float wp = math::partition_weight(max_logits[base + p], exp_sums[base + p], M);
+        W += wp;
+        const float* po = partial_out + (base + p) * hs;
+        for (int d = 0; d < hs; ++d) merged[d] += wp * po[d];
+      }
+      for (int d = 0; d < hs; ++d) out[row + d] = E::store(math::normalise(merged[d], W));
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- entry points
+
+void paged_attention_v1(const DecodeArgs& args) {
+  validate_decode_args(args);
+  check_host_contents(args);
+  switch (args.spec.dtype) {
+    case DType::kFloat16: return run_v1<Fp16>(args);
+    case DType::kBFloat16: return run_v1<Bf16>(args);
+    case DType::kFloat32: return run_v1<Fp32>(args);
+  }
+}
+
+void paged_attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
+                        std::size_t workspace_bytes) {
+  validate_decode_args(args);
+  validate_partition_size(args.spec, partition_size);
+  check_host_contents(args);
+  const V2WorkspaceLayout w =
+      v2_workspace_layout(args.spec, args.num_seqs, args.max_seq_len, partition_size);
+  require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 16 == 0,
+          "workspace", workspace == nullptr ? std::string("null") : detail::to_text(workspace),
+          "a non-null pointer aligned to 16 bytes");
+  require(workspace_bytes >= w.total_bytes, "workspace_bytes", workspace_bytes,
+          "at least v2_workspace_size(...) = " + std::to_string(w.total_bytes));
+  switch (args.spec.dtype) {
+    case DType::kFloat16: return run_v2<Fp16>(args, partition_size, w, workspace);
+    case DType::kBFloat16: return run_v2<Bf16>(args, partition_size, w, workspace);
+    case DType::kFloat32: return run_v2<Fp32>(args, partition_size, w, workspace);
+  }
+}
+
+}  // namespace decodegraph::host

@@ -1,0 +1,102 @@
+// float64 reference for paged decode attention: plain loops, written from the shapes documented in
+// attention.hpp / types.hpp only. Deliberately shares nothing with the code under test
+// (no decode_math.hpp, no host implementation): it is the yardstick for both.
+//
+// For each (sequence, query head): gather K/V token by token through the block table, logits
+// s_t = scale * q.k_t + slope * (t - len + 1), softmax in double with max subtraction, out = sum p_t v_t.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "decodegraph/attention.hpp"
+#include "decodegraph/error.hpp"
+#include "decodegraph/numeric.hpp"
+
+namespace decodegraph::reference {
+namespace {
+
+// Strides (in elements) of the four-or-five-dimensional caches, spelled out per layout.
+struct CacheIndex {
+  KVLayout layout;
+  int64_t heads, hs, bs, x;
+
+  // K vLLM: [num_blocks, kv_heads, head_size/x, block_size, x]; NHD: [num_blocks, block_size, kv_heads, head_size]
+  int64_t k(int64_t block, int64_t head, int64_t tok, int64_t d) const {
+    if (layout == KVLayout::kVLLM) {
+      const int64_t s4 = 1, s3 = x, s2 = bs * x, s1 = (hs / x) * bs * x, s0 = heads * s1;
+      return block * s0 + head * s1 + (d / x) * s2 + tok * s3 + (d % x) * s4;
+    }
+    return nhd(block, head, tok, d);
+  }
+  // V vLLM: [num_blocks, kv_heads, head_size, block_size]; NHD as K
+  int64_t v(int64_t block, int64_t head, int64_t tok, int64_t d) const {
+    if (layout == KVLayout::kVLLM) {
+      const int64_t s3 = 1, s2 = bs, s1 = hs * bs, s0 = heads * s1;
+      return block * s0 + head * s1 + d * s2 + tok * s3;
+    }
+    return nhd(block, head, tok, d);
+  }
+  int64_t nhd(int64_t block, int64_t head, int64_t tok, int64_t d) const {
+    const int64_t s3 = 1, s2 = hs, s1 = heads * hs, s0 = bs * s1;
+    return block * s0 + tok * s1 + head * s2 + d * s3;
+  }
+};
+
+}  // namespace
+
+void paged_attention(const DecodeArgs& args, double* out64) {
+  validate_decode_args(args);
+  require(out64 != nullptr, "out64", "null", "a non-null pointer");
+  const AttentionSpec& s = args.spec;
+  const int hs = s.head_size, bs = s.block_size;
+  const int group = s.num_q_heads / s.num_kv_heads;
+  const double scale = s.scale > 0.0f ? static_cast<double>(s.scale) : 1.0 / std::sqrt(double(hs));
+  const CacheIndex ci{s.layout, s.num_kv_heads, hs, bs,
+                      static_cast<int64_t>(16 / dtype_size(s.dtype))};
+
+  for (int seq = 0; seq < args.num_seqs; ++seq) {
+    const int len = args.seq_lens[seq];
+    require(len >= 0 && len <= args.max_seq_len, "seq_lens[" + std::to_string(seq) + "]", len,
+            "0 .. max_seq_len = 0 .. " + std::to_string(args.max_seq_len));
+    if (len == 0) continue;  // padded row: output untouched
+    const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.block_table_stride;
+    for (int j = 0; j < (len + bs - 1) / bs; ++j)
+      require(table[j] >= 0 && table[j] < args.num_blocks,
+              "block_tables[" + std::to_string(seq) + "][" + std::to_string(j) + "]", table[j],
+              "0 .. num_blocks - 1 = 0 .. " + std::to_string(args.num_blocks - 1));
+
+    std::vector<double> q(hs), logits(len);
+    for (int h = 0; h < s.num_q_heads; ++h) {
+      const int kvh = h / group;
+      const int64_t row = (static_cast<int64_t>(seq) * s.num_q_heads + h) * hs;
+      for (int d = 0; d < hs; ++d) q[d] = load_as_float(s.dtype, args.q, row + d);
+      const double slope = args.alibi_slopes ? double(args.alibi_slopes[h]) : 0.0;
+
+      double mx = -INFINITY;
+      for (int t = 0; t < len; ++t) {
+        const int64_t block = table[t / bs];
+        double dot = 0.0;
+        for (int d = 0; d < hs; ++d)
+          dot += q[d] * load_as_float(s.dtype, args.k_cache, ci.k(block, kvh, t % bs, d));
+        logits[t] = dot * scale + slope * double(t - len + 1);
+        mx = std::max(mx, logits[t]);
+      }
+      double sum = 0.0;
+      for (int t = 0; t < len; ++t) {
+        logits[t] = std::exp(logits[t] - mx);
+        sum += logits[t];
+      }
+      double* o = out64 + row;
+      std::fill(o, o + hs, 0.0);
+      for (int t = 0; t < len; ++t) {
+        const int64_t block = table[t / bs];
+        const double p = logits[t] / sum;
+        for (int d = 0; d < hs; ++d)
+          o[d] += p * load_as_float(s.dtype, args.v_cache, ci.v(block, kvh, t % bs, d));
+      }
+    }
+  }
+}
+
+}  // namespace decodegraph::reference

@@ -1,0 +1,129 @@
+// Argument validation for the eager entry points (attention.hpp) and the V2 workspace layout.
+// Everything here is host-only and reads only host memory: device pointers are checked for null and
+// alignment, never dereferenced; contents are checked only through the optional host_* copies.
+#include <cstdint>
+#include <string>
+
+#include "decodegraph/attention.hpp"
+#include "decodegraph/error.hpp"
+
+namespace decodegraph {
+namespace {
+
+// q/out/K/V are read with 16-byte vector loads by the kernels.
+constexpr std::uintptr_t kTensorAlign = 16;
+constexpr std::size_t kWorkspaceAlign = 256;
+
+std::string ptr_text(const void* p) {
+  if (p == nullptr) return "null";
+  return detail::to_text(p);
+}
+
+void require_ptr(const void* p, std::string_view name, std::uintptr_t align) {
+  const std::string allowed =
+      "a non-null pointer aligned to " + std::to_string(align) + " bytes";
+  require(p != nullptr && reinterpret_cast<std::uintptr_t>(p) % align == 0, name, ptr_text(p),
+          allowed);
+}
+
+std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+void validate_partition_size(const AttentionSpec& spec, int partition_size) {
+  require(partition_size > 0 && spec.block_size > 0 && partition_size % spec.block_size == 0,
+          "partition_size", partition_size,
+          "a positive multiple of block_size = " + std::to_string(spec.block_size));
+}
+
+void validate_decode_args(const DecodeArgs& a) {
+  validate_spec(a.spec);
+  const AttentionSpec& s = a.spec;
+  require(a.num_seqs > 0, "num_seqs", a.num_seqs, "a positive integer");
+  require(a.max_seq_len > 0, "max_seq_len", a.max_seq_len, "a positive integer");
+  require(a.num_blocks > 0, "num_blocks", a.num_blocks, "a positive integer");
+  require(a.block_table_stride > 0 &&
+              static_cast<int64_t>(a.block_table_stride) * s.block_size >= a.max_seq_len,
+          "block_table_stride", a.block_table_stride,
+          "at least ceil(max_seq_len / block_size) = ceil(" + std::to_string(a.max_seq_len) +
+              " / " + std::to_string(s.block_size) + ") = " +
+              std::to_string((a.max_seq_len + s.block_size - 1) / s.block_size));
+
+  require_ptr(a.q, "q", kTensorAlign);
+  require_ptr(a.out, "out", kTensorAlign);
+  require_ptr(a.k_cache, "k_cache", kTensorAlign);
+  require_ptr(a.v_cache, "v_cache", kTensorAlign);
+  require_ptr(a.block_tables, "block_tables", alignof(int32_t));
+  require_ptr(a.seq_lens, "seq_lens", alignof(int32_t));
+  if (a.alibi_slopes != nullptr) require_ptr(a.alibi_slopes, "alibi_slopes", alignof(float));
+
+  if (a.host_seq_lens != nullptr) {
+    const std::string allowed = "1 .. max_seq_len = 1 .. " + std::to_string(a.max_seq_len);
+    for (int i = 0; i < a.num_seqs; ++i) {
+      const int32_t len = a.host_seq_lens[i];
+      require(len > 0 && len <= a.max_seq_len, "seq_lens[" + std::to_string(i) + "]", len,
+              allowed);
+    }
+  }
+  if (a.host_block_tables != nullptr) {
+    // Only the entries a length uses; without host lengths, those max_seq_len would use.
+    const std::string allowed = "0 .. num_blocks - 1 = 0 .. " + std::to_string(a.num_blocks - 1);
+    for (int i = 0; i < a.num_seqs; ++i) {
+      const int len = a.host_seq_lens != nullptr ? a.host_seq_lens[i] : a.max_seq_len;
+      const int used = num_partitions(len, s.block_size);
+      const int32_t* row = a.host_block_tables + static_cast<int64_t>(i) * a.block_table_stride;
+      for (int j = 0; j < used; ++j) {
+        require(row[j] >= 0 && row[j] < a.num_blocks,
+                "block_tables[" + std::to_string(i) + "][" + std::to_string(j) + "]", row[j],
+                allowed);
+      }
+    }
+  }
+}
+
+V2WorkspaceLayout v2_workspace_layout(const AttentionSpec& spec, int num_seqs, int max_seq_len,
+                                      int partition_size) {
+  validate_spec(spec);
+  require(num_seqs > 0, "num_seqs", num_seqs, "a positive integer");
+  require(max_seq_len > 0, "max_seq_len", max_seq_len, "a positive integer");
+  validate_partition_size(spec, partition_size);
+  V2WorkspaceLayout w;
+  w.max_partitions = num_partitions(max_seq_len, partition_size);
+  const std::size_t rows = static_cast<std::size_t>(num_seqs) *
+                           static_cast<std::size_t>(spec.num_q_heads) *
+                           static_cast<std::size_t>(w.max_partitions);
+  w.max_logits_offset = 0;
+  w.exp_sums_offset = round_up(rows * sizeof(float), kWorkspaceAlign);
+  w.partial_out_offset = w.exp_sums_offset + round_up(rows * sizeof(float), kWorkspaceAlign);
+  w.total_bytes = w.partial_out_offset +
+                  round_up(rows * static_cast<std::size_t>(spec.head_size) * sizeof(float),
+                           kWorkspaceAlign);
+  return w;
+}
+
+std::size_t v2_workspace_size(const AttentionSpec& spec, int num_seqs, int max_seq_len,
+                              int partition_size) {
+  return v2_workspace_layout(spec, num_seqs, max_seq_len, partition_size).total_bytes;
+}
+
+void validate_append_args(const AppendArgs& a) {
+  validate_spec(a.spec);
+  require(a.num_tokens > 0, "num_tokens", a.num_tokens, "a positive integer");
+  require(a.num_blocks > 0, "num_blocks", a.num_blocks, "a positive integer");
+  require_ptr(a.key, "key", kTensorAlign);
+  require_ptr(a.value, "value", kTensorAlign);
+  require_ptr(a.k_cache, "k_cache", kTensorAlign);
+  require_ptr(a.v_cache, "v_cache", kTensorAlign);
+  require_ptr(a.slot_mapping, "slot_mapping", alignof(int64_t));
+  if (a.host_slot_mapping != nullptr) {
+    const int64_t num_slots = static_cast<int64_t>(a.num_blocks) * a.spec.block_size;
+    const std::string allowed = "a negative value (skipped) or 0 .. num_blocks * block_size - 1 = 0 .. " +
+                                std::to_string(num_slots - 1);
+    for (int i = 0; i < a.num_tokens; ++i) {
+      require(a.host_slot_mapping[i] < num_slots, "slot_mapping[" + std::to_string(i) + "]",
+              a.host_slot_mapping[i], allowed);
+    }
+  }
+}
+
+}  // namespace decodegraph
