@@ -159,6 +159,7 @@ using StepBody = std::function<void(StepContext&)>;
 struct GraphStats {
   int batch = 0;
   int band = 0;
+  KernelKind kernel = KernelKind::kV1;  // what the bucket's graph runs
   int captures = 0;
   long long replays = 0;
   int nodes = 0;

@@ -1,0 +1,188 @@
+// Host backend: the executor's graph semantics on the CPU.
+//
+// "Capture" records each op as a closure with its arguments bound by value (pointers included);
+// "instantiate" freezes the list; "launch" reruns it through the host implementation. A value the
+// caller changes after capture is therefore not seen unless it lives in a staged buffer (whose
+// address is what got bound), exactly as with a CUDA graph. Executor memory is plain host memory at
+// fixed addresses for the executor's lifetime.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "decodegraph/error.hpp"
+#include "decodegraph/fault.hpp"
+#include "executor/backend.hpp"
+
+namespace decodegraph::detail {
+namespace {
+
+constexpr std::size_t kAlign = 256;
+
+[[noreturn]] void injected(const char* call, fault::Site site) {
+  throw Error(std::string(call) + " failed: injected fault (site " + fault::to_string(site) + ")");
+}
+
+using Node = std::function<void()>;
+
+class HostGraph final : public BackendGraph {
+ public:
+  explicit HostGraph(std::vector<Node> nodes) : nodes_(std::move(nodes)) {}
+  int nodes() const override { return static_cast<int>(nodes_.size()); }
+  std::size_t bytes() const override { return 0; }
+  void run() const {
+    for (const Node& n : nodes_) n();
+  }
+  void replace(std::vector<Node> nodes) { nodes_ = std::move(nodes); }
+
+ private:
+  std::vector<Node> nodes_;
+};
+
+class HostBackend final : public Backend {
+ public:
+  BackendKind kind() const override { return BackendKind::kHost; }
+  Stream stream() const override { return nullptr; }
+  int num_sms() const override { return 132; }
+
+  void* alloc(std::size_t bytes) override {
+    if (fault::should_fail(fault::Site::kAlloc)) injected("host alloc (twin of cudaMalloc)", fault::Site::kAlloc);
+    const std::size_t n = (bytes + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, n == 0 ? kAlign : n);
+    if (!p) throw Error("host alloc (twin of cudaMalloc) of " + std::to_string(bytes) + " bytes failed: out of memory");
+    std::memset(p, 0, n == 0 ? kAlign : n);
+    return p;
+  }
+  void free(void* p) noexcept override { std::free(p); }
+  void* alloc_host(std::size_t bytes) override {
+    if (fault::should_fail(fault::Site::kAlloc)) injected("host alloc (twin of cudaMallocHost)", fault::Site::kAlloc);
+    return alloc_plain(bytes);
+  }
+  void free_host(void* p) noexcept override { std::free(p); }
+
+  void upload(void* dst, const void* src, std::size_t bytes) override {
+    if (fault::should_fail(fault::Site::kMemcpy)) injected("host memcpy (twin of cudaMemcpy)", fault::Site::kMemcpy);
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, std::size_t bytes, MemorySpace) override {
+    // Host backend: "device" inputs are host memory too.
+    if (fault::should_fail(fault::Site::kMemcpy)) injected("host memcpy (twin of cudaMemcpy)", fault::Site::kMemcpy);
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void stage_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                std::size_t rows, MemorySpace) override {
+    if (fault::should_fail(fault::Site::kMemcpy)) injected("host memcpy (twin of cudaMemcpy2DAsync)", fault::Site::kMemcpy);
+    if (width == 0) return;
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    if (dpitch == width && spitch == width) {
+      std::memcpy(d, s, width * rows);
+      return;
+    }
+    for (std::size_t r = 0; r < rows; ++r) std::memcpy(d + r * dpitch, s + r * spitch, width);
+  }
+  void stage_fill(void* dst, int byte, std::size_t bytes) override {
+    if (fault::should_fail(fault::Site::kMemcpy)) injected("host memset (twin of cudaMemsetAsync)", fault::Site::kMemcpy);
+    if (bytes) std::memset(dst, byte, bytes);
+  }
+  void wait_staging_reusable() override {}
+  void staging_done() override {}
+
+  void begin_capture() override {
+    if (capturing_) throw Error("host capture begin (twin of cudaStreamBeginCapture) failed: a capture is already active");
+    if (fault::should_fail(fault::Site::kCaptureBegin))
+      injected("host capture begin (twin of cudaStreamBeginCapture)", fault::Site::kCaptureBegin);
+    recorded_.clear();
+    capturing_ = true;
+  }
+  std::unique_ptr<BackendGraph> end_capture_and_instantiate() override {
+    std::vector<Node> nodes = end_capture();
+    if (fault::should_fail(fault::Site::kInstantiate))
+      injected("host instantiate (twin of cudaGraphInstantiate)", fault::Site::kInstantiate);
+    return std::make_unique<HostGraph>(std::move(nodes));
+  }
+  void abort_capture() noexcept override {
+    capturing_ = false;
+    recorded_.clear();
+  }
+  void end_capture_and_update(BackendGraph& exec) override {
+    std::vector<Node> nodes = end_capture();
+    // An update that fails falls back to re-instantiation, as on CUDA; for host graphs both amount
+    // to swapping the node list, so only the instantiate fault can make this throw.
+    if (fault::should_fail(fault::Site::kGraphUpdate) &&
+        fault::should_fail(fault::Site::kInstantiate))
+      injected("host instantiate (twin of cudaGraphInstantiate, after a failed update)", fault::Site::kInstantiate);
+    static_cast<HostGraph&>(exec).replace(std::move(nodes));
+  }
+  void launch(BackendGraph& g) override {
+    if (capturing_) throw Error("host graph launch (twin of cudaGraphLaunch) failed: called during a capture");
+    if (fault::should_fail(fault::Site::kGraphLaunch))
+      injected("host graph launch (twin of cudaGraphLaunch)", fault::Site::kGraphLaunch);
+    static_cast<HostGraph&>(g).run();
+  }
+  void synchronize() override {}
+
+  void attention_v1(const DecodeArgs& args) override {
+    enqueue([args] {
+      check_kernel("host::paged_attention_v1");
+      host::paged_attention_v1(args);
+    });
+  }
+  void attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
+                    std::size_t workspace_bytes) override {
+    enqueue([args, partition_size, workspace, workspace_bytes] {
+      check_kernel("host::paged_attention_v2");
+      host::paged_attention_v2(args, partition_size, workspace, workspace_bytes);
+    });
+  }
+  void append(const AppendArgs& args) override {
+    enqueue([args] {
+      check_kernel("host::append_kv");
+      host::append_kv(args);
+    });
+  }
+  void host_work(std::function<void()> fn) override {
+    if (!fn) throw_invalid("enqueue_host fn", "empty", "a callable");
+    enqueue(std::move(fn));
+  }
+
+ private:
+  static void check_kernel(const char* name) {
+    if (fault::should_fail(fault::Site::kKernelLaunch))
+      injected((std::string(name) + " launch (twin of a kernel launch)").c_str(), fault::Site::kKernelLaunch);
+  }
+  static void* alloc_plain(std::size_t bytes) {
+    const std::size_t n = (bytes + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, n == 0 ? kAlign : n);
+    if (!p) throw Error("host alloc of " + std::to_string(bytes) + " bytes failed: out of memory");
+    std::memset(p, 0, n == 0 ? kAlign : n);
+    return p;
+  }
+  std::vector<Node> end_capture() {
+    if (!capturing_) throw Error("host capture end (twin of cudaStreamEndCapture) failed: no capture is active");
+    capturing_ = false;
+    std::vector<Node> nodes = std::move(recorded_);
+    recorded_.clear();
+    if (fault::should_fail(fault::Site::kCaptureEnd))
+      injected("host capture end (twin of cudaStreamEndCapture)", fault::Site::kCaptureEnd);
+    return nodes;
+  }
+  // Outside a capture an op runs at once (eager); inside, it is recorded.
+  void enqueue(Node n) {
+    if (capturing_)
+      recorded_.push_back(std::move(n));
+    else
+      n();
+  }
+
+  bool capturing_ = false;
+  std::vector<Node> recorded_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_host_backend() { return std::make_unique<HostBackend>(); }
+
+}  // namespace decodegraph::detail
