@@ -1,0 +1,191 @@
+// Builds one random paged-attention problem on the host: q, K/V caches filled with random values,
+// random block tables (repeated ids allowed unless asked otherwise), NaN-poisoned output, and the
+// float64 reference. Used by the host attention tests.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "decodegraph/attention.hpp"
+#include "test_util.hpp"
+
+namespace dgtest {
+
+using decodegraph::AttentionSpec;
+using decodegraph::DecodeArgs;
+using decodegraph::KVLayout;
+
+/// Per-dtype tolerances for inputs of ordinary magnitude (|q|, |k|, |v| <= 1). The output is rounded
+/// to the dtype, so the bound is the dtype's half-ulp (rtol) plus fp32 accumulation slack (atol for
+/// outputs near 0). Measured worst cases on the grid are about a third of these.
+struct Tolerance {
+  double atol, rtol;
+};
+inline Tolerance tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return {2e-5, 1e-4};   // fp32 accumulation over up to 65K tokens
+    case DType::kFloat16: return {1e-3, 2e-3};   // half-ulp 4.9e-4 relative
+    case DType::kBFloat16: return {8e-3, 1.6e-2};  // half-ulp 3.9e-3 relative
+  }
+  return {0, 0};
+}
+/// Large-magnitude logits (|q|, |k| in [8, 30], logits in the hundreds to thousands): fp32 logits
+/// carry an absolute error of ~1e-4 * |logit|, which moves softmax weights by that much relative.
+inline Tolerance large_logit_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return {2e-3, 2e-3};
+    case DType::kFloat16: return {3e-3, 4e-3};
+    case DType::kBFloat16: return {1e-2, 2e-2};
+  }
+  return {0, 0};
+}
+
+struct ProblemSpec {
+  AttentionSpec spec;
+  std::vector<int> lens;  // per sequence; 0 marks a padded row
+  int max_seq_len = 0;    // 0: max(lens)
+  int extra_stride = 0;   // block table columns beyond what max_seq_len needs
+  int num_blocks = 0;     // 0: enough for distinct ids, capped at 97 (forces repeats)
+  bool distinct_blocks = false;
+  bool alibi = false;
+  bool large_logits = false;
+  uint64_t seed = 1;
+};
+
+struct Problem {
+  ProblemSpec ps;
+  DecodeArgs args;
+  Buffer q, out, k, v, poisoned;
+  std::vector<int32_t> tables, lens;
+  std::vector<float> slopes;
+  std::vector<double> ref;
+  std::vector<bool> mask;  // rows with seq_len > 0
+  std::size_t out_elems = 0;
+
+  /// Resets the output to the NaN pattern.
+  void poison_out() { std::memcpy(out.data(), poisoned.data(), poisoned.bytes); }
+  /// Fills ref with the float64 reference (padded rows stay NaN).
+  void run_reference() {
+    ref.assign(out_elems, std::nan(""));
+    decodegraph::reference::paged_attention(args, ref.data());
+  }
+  /// Padded rows of out still hold the poison bit pattern.
+  ::testing::AssertionResult padded_rows_untouched() const {
+    const std::size_t row = static_cast<std::size_t>(args.spec.num_q_heads) * args.spec.head_size *
+                            decodegraph::dtype_size(args.spec.dtype);
+    for (int s = 0; s < args.num_seqs; ++s) {
+      if (lens[s] != 0) continue;
+      const auto* a = static_cast<const unsigned char*>(out.data()) + s * row;
+      const auto* b = static_cast<const unsigned char*>(poisoned.data()) + s * row;
+      if (std::memcmp(a, b, row) != 0)
+        return ::testing::AssertionFailure() << "padded row " << s << " was written";
+    }
+    return ::testing::AssertionSuccess();
+  }
+  ::testing::AssertionResult check(Tolerance t) const {
+    return check_close(args.spec.dtype, out.data(), ref.data(), args.num_seqs,
+                       args.spec.num_q_heads, args.spec.head_size, t.atol, t.rtol, mask);
+  }
+  Tolerance tol() const {
+    return ps.large_logits ? large_logit_tolerance(args.spec.dtype) : tolerance(args.spec.dtype);
+  }
+};
+
+/// Random values whose magnitude lies in [lo, hi], random sign.
+inline void fill_magnitude(DType dtype, void* buf, std::size_t n, std::mt19937_64& rng, float lo,
+                           float hi) {
+  std::uniform_real_distribution<float> mag(lo, hi);
+  std::bernoulli_distribution neg(0.5);
+  for (std::size_t i = 0; i < n; ++i)
+    decodegraph::store_from_float(dtype, buf, i, neg(rng) ? -mag(rng) : mag(rng));
+}
+
+/// vLLM-style ALiBi slopes 2^(-8 (h+1) / H).
+inline std::vector<float> alibi_slopes(int num_heads) {
+  std::vector<float> s(num_heads);
+  for (int h = 0; h < num_heads; ++h)
+    s[h] = static_cast<float>(std::pow(2.0, -8.0 * (h + 1) / num_heads));
+  return s;
+}
+
+inline std::unique_ptr<Problem> make_problem(const ProblemSpec& ps) {
+  auto p = std::make_unique<Problem>();
+  p->ps = ps;
+  const AttentionSpec& s = ps.spec;
+  std::mt19937_64 rng(ps.seed);
+  const int num_seqs = static_cast<int>(ps.lens.size());
+  const int max_len =
+      ps.max_seq_len > 0 ? ps.max_seq_len : *std::max_element(ps.lens.begin(), ps.lens.end());
+  const int stride = (max_len + s.block_size - 1) / s.block_size + ps.extra_stride;
+  int used = 0;
+  for (int len : ps.lens) used += (len + s.block_size - 1) / s.block_size;
+  int num_blocks = ps.num_blocks;
+  if (num_blocks == 0) num_blocks = ps.distinct_blocks ? std::max(used, 1) : std::clamp(used, 1, 97);
+
+  DecodeArgs& a = p->args;
+  a.spec = s;
+  a.num_seqs = num_seqs;
+  a.max_seq_len = max_len;
+  a.block_table_stride = stride;
+  a.num_blocks = num_blocks;
+
+  const std::size_t qn = static_cast<std::size_t>(num_seqs) * s.num_q_heads * s.head_size;
+  const std::size_t cn = static_cast<std::size_t>(num_blocks) * s.block_elems();
+  p->out_elems = qn;
+  p->q = make_buffer(s.dtype, qn);
+  p->out = make_buffer(s.dtype, qn);
+  p->poisoned = make_buffer(s.dtype, qn);
+  p->k = make_buffer(s.dtype, cn);
+  p->v = make_buffer(s.dtype, cn);
+  if (ps.large_logits) {
+    fill_magnitude(s.dtype, p->q.data(), qn, rng, 8.f, 30.f);
+    fill_magnitude(s.dtype, p->k.data(), cn, rng, 8.f, 30.f);
+  } else {
+    fill_uniform(s.dtype, p->q.data(), qn, rng);
+    fill_uniform(s.dtype, p->k.data(), cn, rng);
+  }
+  fill_uniform(s.dtype, p->v.data(), cn, rng);
+  poison(s.dtype, p->poisoned.data(), qn);
+  p->poison_out();
+
+  // Unused entries hold -1: reading one would be a bug that the reference and host checks miss.
+  p->tables.assign(static_cast<std::size_t>(num_seqs) * stride, -1);
+  std::vector<int32_t> perm(num_blocks);
+  for (int i = 0; i < num_blocks; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::uniform_int_distribution<int32_t> any_block(0, num_blocks - 1);
+  int next = 0;
+  for (int sq = 0; sq < num_seqs; ++sq)
+    for (int j = 0; j < (ps.lens[sq] + s.block_size - 1) / s.block_size; ++j)
+      p->tables[static_cast<std::size_t>(sq) * stride + j] =
+          ps.distinct_blocks ? perm[next++] : any_block(rng);
+  p->lens.assign(ps.lens.begin(), ps.lens.end());
+  p->mask.resize(num_seqs);
+  for (int sq = 0; sq < num_seqs; ++sq) p->mask[sq] = ps.lens[sq] > 0;
+  if (ps.alibi) p->slopes = alibi_slopes(s.num_q_heads);
+
+  a.q = p->q.data();
+  a.out = p->out.data();
+  a.k_cache = p->k.data();
+  a.v_cache = p->v.data();
+  a.block_tables = p->tables.data();
+  a.seq_lens = p->lens.data();
+  a.alibi_slopes = ps.alibi ? p->slopes.data() : nullptr;
+  return p;
+}
+
+/// Runs host V2 with a workspace of exactly the queried size.
+inline std::vector<std::uint64_t> run_host_v2(const DecodeArgs& a, int partition_size) {
+  const std::size_t bytes =
+      decodegraph::v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, partition_size);
+  std::vector<std::uint64_t> ws(bytes / 8 + 2);
+  // Poison the workspace too: the merge must read only partials pass 1 wrote.
+  std::fill(ws.begin(), ws.end(), 0x7ff8dead7ff8deadull);
+  decodegraph::host::paged_attention_v2(a, partition_size, ws.data(), bytes);
+  return ws;
+}
+
+}  // namespace dgtest

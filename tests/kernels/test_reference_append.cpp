@@ -1,0 +1,239 @@
+// The float64 reference checked against dense attention over unpaged K/V, and host append_kv
+// checked slot by slot against the layouts as documented in types.hpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "decodegraph/attention.hpp"
+#include "decodegraph/error.hpp"
+#include "problem.hpp"
+
+namespace {
+
+using namespace dgtest;
+using decodegraph::AppendArgs;
+
+// Element offsets written straight from the shape comments in types.hpp (test-local on purpose).
+int64_t doc_k_offset(const AttentionSpec& s, int64_t blk, int h, int t, int d) {
+  const int64_t H = s.num_kv_heads, D = s.head_size, B = s.block_size;
+  if (s.layout == KVLayout::kNHD) return blk * B * H * D + t * H * D + h * D + d;
+  const int64_t x = 16 / static_cast<int64_t>(decodegraph::dtype_size(s.dtype));
+  return blk * H * (D / x) * B * x + h * (D / x) * B * x + (d / x) * B * x + t * x + d % x;
+}
+int64_t doc_v_offset(const AttentionSpec& s, int64_t blk, int h, int t, int d) {
+  const int64_t H = s.num_kv_heads, D = s.head_size, B = s.block_size;
+  if (s.layout == KVLayout::kNHD) return blk * B * H * D + t * H * D + h * D + d;
+  return blk * H * D * B + h * D * B + d * B + t;
+}
+
+struct AppendCase {
+  DType dtype;
+  KVLayout layout;
+  int head_size, block_size;
+};
+
+class AppendAndReference : public ::testing::TestWithParam<AppendCase> {};
+
+// Appends random tokens at random distinct slots (some skipped with -1) and compares whole caches
+// with an expected copy built from the documented layout.
+TEST_P(AppendAndReference, AppendWritesExactlyTheGivenSlots) {
+  const AppendCase& c = GetParam();
+  AttentionSpec s;
+  s.dtype = c.dtype;
+  s.layout = c.layout;
+  s.head_size = c.head_size;
+  s.block_size = c.block_size;
+  s.num_kv_heads = 3;
+  s.num_q_heads = 3;
+  const int num_blocks = 9, num_tokens = 40;
+  const std::size_t esz = decodegraph::dtype_size(s.dtype);
+  const std::size_t cache_elems = num_blocks * s.block_elems();
+  const std::size_t tok_elems = static_cast<std::size_t>(num_tokens) * 3 * s.head_size;
+
+  std::mt19937_64 rng(c.head_size * 31 + c.block_size);
+  Buffer kc = make_buffer(s.dtype, cache_elems), vc = make_buffer(s.dtype, cache_elems);
+  Buffer key = make_buffer(s.dtype, tok_elems), value = make_buffer(s.dtype, tok_elems);
+  fill_uniform(s.dtype, kc.data(), cache_elems, rng);
+  fill_uniform(s.dtype, vc.data(), cache_elems, rng);
+  fill_uniform(s.dtype, key.data(), tok_elems, rng, 2.f, 3.f);  // distinct from the cache's values
+  fill_uniform(s.dtype, value.data(), tok_elems, rng, -3.f, -2.f);
+
+  std::vector<int64_t> slots(num_blocks * s.block_size);
+  for (std::size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int64_t>(i);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(num_tokens);
+  slots[3] = -1;
+  slots[17] = -1;
+
+  std::vector<unsigned char> k_expect(kc.bytes), v_expect(vc.bytes);
+  std::memcpy(k_expect.data(), kc.data(), kc.bytes);
+  std::memcpy(v_expect.data(), vc.data(), vc.bytes);
+  for (int t = 0; t < num_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    const int64_t blk = slots[t] / s.block_size;
+    const int off = static_cast<int>(slots[t] % s.block_size);
+    for (int h = 0; h < 3; ++h)
+      for (int d = 0; d < s.head_size; ++d) {
+        const std::size_t src = (static_cast<std::size_t>(t) * 3 + h) * s.head_size + d;
+        std::memcpy(&k_expect[doc_k_offset(s, blk, h, off, d) * esz],
+                    static_cast<const unsigned char*>(key.data()) + src * esz, esz);
+        std::memcpy(&v_expect[doc_v_offset(s, blk, h, off, d) * esz],
+                    static_cast<const unsigned char*>(value.data()) + src * esz, esz);
+      }
+  }
+
+  AppendArgs a;
+  a.spec = s;
+  a.num_tokens = num_tokens;
+  a.num_blocks = num_blocks;
+  a.key = key.data();
+  a.value = value.data();
+  a.k_cache = kc.data();
+  a.v_cache = vc.data();
+  a.slot_mapping = slots.data();
+  decodegraph::host::append_kv(a);
+  EXPECT_EQ(std::memcmp(kc.data(), k_expect.data(), kc.bytes), 0) << "K cache";
+  EXPECT_EQ(std::memcmp(vc.data(), v_expect.data(), vc.bytes), 0) << "V cache";
+
+  // An out-of-range slot anywhere is rejected before anything is written.
+  std::vector<int64_t> bad = slots;
+  bad[num_tokens - 1] = static_cast<int64_t>(num_blocks) * s.block_size;
+  a.slot_mapping = bad.data();
+  fill_uniform(s.dtype, key.data(), tok_elems, rng, 4.f, 5.f);
+  try {
+    decodegraph::host::append_kv(a);
+    ADD_FAILURE() << "no error";
+  } catch (const decodegraph::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("slot_mapping[39] = " + std::to_string(num_blocks * s.block_size)),
+              std::string::npos) << m;
+  }
+  EXPECT_EQ(std::memcmp(kc.data(), k_expect.data(), kc.bytes), 0) << "K cache after rejection";
+}
+
+// Fills a paged cache through host append_kv from dense K/V [len, kv_heads, head_size], then checks
+// the reference (and host V1) against dense attention over the unpaged arrays: this pins the
+// reference's layout indexing, scale and ALiBi to the documented semantics.
+TEST_P(AppendAndReference, ReferenceMatchesDenseAttention) {
+  const AppendCase& c = GetParam();
+  AttentionSpec s;
+  s.dtype = c.dtype;
+  s.layout = c.layout;
+  s.head_size = c.head_size;
+  s.block_size = c.block_size;
+  s.num_kv_heads = 2;
+  s.num_q_heads = 6;
+  s.scale = (c.head_size % 3 == 0) ? 0.2f : 0.0f;
+  const int len = 3 * c.block_size + 5, H = 2, D = c.head_size, QH = 6;
+  const int nblk = (len + c.block_size - 1) / c.block_size;
+  const int num_blocks = nblk + 4;
+  std::mt19937_64 rng(len + D);
+
+  const std::size_t dense = static_cast<std::size_t>(len) * H * D;
+  Buffer key = make_buffer(s.dtype, dense), value = make_buffer(s.dtype, dense);
+  Buffer q = make_buffer(s.dtype, QH * D), out = make_buffer(s.dtype, QH * D);
+  fill_uniform(s.dtype, key.data(), dense, rng, -2.f, 2.f);
+  fill_uniform(s.dtype, value.data(), dense, rng);
+  fill_uniform(s.dtype, q.data(), QH * D, rng, -2.f, 2.f);
+  Buffer kc = make_buffer(s.dtype, num_blocks * s.block_elems());
+  Buffer vc = make_buffer(s.dtype, num_blocks * s.block_elems());
+  poison(s.dtype, kc.data(), num_blocks * s.block_elems());
+  poison(s.dtype, vc.data(), num_blocks * s.block_elems());
+
+  // Blocks in reverse order with gaps: table[j] = num_blocks - 1 - j.
+  std::vector<int32_t> table(nblk);
+  std::vector<int64_t> slots(len);
+  for (int j = 0; j < nblk; ++j) table[j] = num_blocks - 1 - j;
+  for (int t = 0; t < len; ++t)
+    slots[t] = static_cast<int64_t>(table[t / c.block_size]) * c.block_size + t % c.block_size;
+  AppendArgs ap;
+  ap.spec = s;
+  ap.num_tokens = len;
+  ap.num_blocks = num_blocks;
+  ap.key = key.data();
+  ap.value = value.data();
+  ap.k_cache = kc.data();
+  ap.v_cache = vc.data();
+  ap.slot_mapping = slots.data();
+  decodegraph::host::append_kv(ap);
+
+  const std::vector<float> slopes = alibi_slopes(QH);
+  const double scale = s.scale > 0 ? s.scale : 1.0 / std::sqrt(double(D));
+  std::vector<double> expect(QH * D, 0.0);
+  auto ld = [&](const Buffer& b, std::size_t i) { return double(decodegraph::load_as_float(s.dtype, b.data(), i)); };
+  for (int h = 0; h < QH; ++h) {
+    const int kvh = h / 3;
+    std::vector<double> w(len);
+    double mx = -INFINITY, sum = 0;
+    for (int t = 0; t < len; ++t) {
+      double dot = 0;
+      for (int d = 0; d < D; ++d) dot += ld(q, h * D + d) * ld(key, (t * H + kvh) * D + d);
+      w[t] = dot * scale + double(slopes[h]) * (t - len + 1);
+      mx = std::max(mx, w[t]);
+    }
+    for (int t = 0; t < len; ++t) sum += (w[t] = std::exp(w[t] - mx));
+    for (int t = 0; t < len; ++t)
+      for (int d = 0; d < D; ++d) expect[h * D + d] += w[t] / sum * ld(value, (t * H + kvh) * D + d);
+  }
+
+  const int32_t seq_len = len;
+  decodegraph::DecodeArgs a;
+  a.spec = s;
+  a.num_seqs = 1;
+  a.max_seq_len = len;
+  a.block_table_stride = nblk;
+  a.num_blocks = num_blocks;
+  a.q = q.data();
+  a.out = out.data();
+  a.k_cache = kc.data();
+  a.v_cache = vc.data();
+  a.block_tables = table.data();
+  a.seq_lens = &seq_len;
+  a.alibi_slopes = slopes.data();
+  std::vector<double> ref(QH * D);
+  decodegraph::reference::paged_attention(a, ref.data());
+  for (int i = 0; i < QH * D; ++i) ASSERT_NEAR(ref[i], expect[i], 1e-12) << i;
+
+  poison(s.dtype, out.data(), QH * D);
+  decodegraph::host::paged_attention_v1(a);
+  const Tolerance tol = tolerance(s.dtype);
+  EXPECT_TRUE(check_close(s.dtype, out.data(), expect.data(), 1, QH, D, tol.atol, tol.rtol));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, AppendAndReference,
+    ::testing::Values(AppendCase{DType::kFloat16, KVLayout::kVLLM, 64, 16},
+                      AppendCase{DType::kFloat16, KVLayout::kNHD, 80, 8},
+                      AppendCase{DType::kBFloat16, KVLayout::kVLLM, 192, 32},
+                      AppendCase{DType::kBFloat16, KVLayout::kNHD, 96, 16},
+                      AppendCase{DType::kFloat32, KVLayout::kVLLM, 112, 8},
+                      AppendCase{DType::kFloat32, KVLayout::kNHD, 256, 32},
+                      AppendCase{DType::kFloat32, KVLayout::kVLLM, 128, 16}),
+    [](const ::testing::TestParamInfo<AppendCase>& i) {
+      return std::string(decodegraph::to_string(i.param.dtype)) + "_" +
+             decodegraph::to_string(i.param.layout) + "_d" + std::to_string(i.param.head_size) +
+             "_b" + std::to_string(i.param.block_size);
+    });
+
+TEST(Reference, PaddedRowsUntouchedAndConstantValues) {
+  ProblemSpec ps;
+  ps.spec.dtype = DType::kFloat32;
+  ps.lens = {0, 37, 0};
+  auto p = make_problem(ps);
+  // Make every V element 0.75: any softmax then yields exactly 0.75.
+  auto* v = static_cast<float*>(p->v.data());
+  for (std::size_t i = 0; i < p->args.num_blocks * ps.spec.block_elems(); ++i) v[i] = 0.75f;
+  std::vector<double> ref(p->out_elems, -123.0);
+  decodegraph::reference::paged_attention(p->args, ref.data());
+  const std::size_t row = static_cast<std::size_t>(ps.spec.num_q_heads) * ps.spec.head_size;
+  for (std::size_t i = 0; i < row; ++i) {
+    ASSERT_EQ(ref[i], -123.0);
+    ASSERT_NEAR(ref[row + i], 0.75, 1e-12);
+    ASSERT_EQ(ref[2 * row + i], -123.0);
+  }
+}
+
+}  // namespace
