@@ -1,0 +1,156 @@
+// Eager launchers of the public API (attention.hpp): paged_attention_v1, paged_attention_v2,
+// append_kv, cuda_device_available. They validate, turn (dtype, head_size) into template values in
+// one switch, and launch the kernels instantiated in inst/*.cu.
+//
+// Capturable: no allocation, no synchronisation, no host read of device data and no function
+// attribute setting (static shared memory stays under 48 KB). Every launch goes through the fault
+// seam and is checked with cudaGetLastError (inside the kernels:: launch functions).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "decodegraph/attention.hpp"
+#include "decodegraph/error.hpp"
+#include "kernels/cuda_check.hpp"
+#include "kernels/decode_params.cuh"
+
+namespace decodegraph {
+namespace {
+
+using kernels::DecodeParams;
+
+// ---------------------------------------------------------------- dispatch (the one switch)
+
+template <typename T>
+void launch_decode_dtype(const DecodeParams& p, int head_size, bool partials, cudaStream_t s) {
+  switch (head_size) {
+    case 64: return kernels::launch_paged_decode<T, 64>(p, partials, s);
+    case 80: return kernels::launch_paged_decode<T, 80>(p, partials, s);
+    case 96: return kernels::launch_paged_decode<T, 96>(p, partials, s);
+    case 112: return kernels::launch_paged_decode<T, 112>(p, partials, s);
+    case 128: return kernels::launch_paged_decode<T, 128>(p, partials, s);
+    case 192: return kernels::launch_paged_decode<T, 192>(p, partials, s);
+    case 256: return kernels::launch_paged_decode<T, 256>(p, partials, s);
+    default: throw_invalid("head_size", head_size, "64, 80, 96, 112, 128, 192, 256");
+  }
+}
+
+void launch_decode(const DecodeParams& p, DType dtype, int head_size, bool partials, cudaStream_t s) {
+  switch (dtype) {
+    case DType::kFloat16: return launch_decode_dtype<__half>(p, head_size, partials, s);
+    case DType::kBFloat16: return launch_decode_dtype<__nv_bfloat16>(p, head_size, partials, s);
+    case DType::kFloat32: return launch_decode_dtype<float>(p, head_size, partials, s);
+  }
+  throw_invalid("dtype", static_cast<int>(dtype), "fp16, bf16, fp32");
+}
+
+void launch_merge(const kernels::MergeParams& p, DType dtype, cudaStream_t s) {
+  switch (dtype) {
+    case DType::kFloat16: return kernels::launch_merge_partitions<__half>(p, s);
+    case DType::kBFloat16: return kernels::launch_merge_partitions<__nv_bfloat16>(p, s);
+    case DType::kFloat32: return kernels::launch_merge_partitions<float>(p, s);
+  }
+  throw_invalid("dtype", static_cast<int>(dtype), "fp16, bf16, fp32");
+}
+
+DecodeParams decode_params(const DecodeArgs& a) {
+  DecodeParams p;
+  p.q = a.q;
+  p.out = a.out;
+  p.k_cache = a.k_cache;
+  p.v_cache = a.v_cache;
+  p.block_tables = a.block_tables;
+  p.seq_lens = a.seq_lens;
+  p.alibi_slopes = a.alibi_slopes;
+  p.num_seqs = a.num_seqs;
+  p.num_q_heads = a.spec.num_q_heads;
+  p.num_kv_heads = a.spec.num_kv_heads;
+  p.block_size = a.spec.block_size;
+  p.block_table_stride = a.block_table_stride;
+  p.max_seq_len = a.max_seq_len;
+  p.scale = a.spec.effective_scale();
+  p.layout = a.spec.layout;
+  return p;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- launchers
+
+void paged_attention_v1(const DecodeArgs& args, Stream stream) {
+  validate_decode_args(args);
+  DecodeParams p = decode_params(args);
+  p.partition_size = args.max_seq_len;  // one partition spans every (clamped) length
+  p.max_partitions = 1;
+  launch_decode(p, args.spec.dtype, args.spec.head_size, /*partials=*/false, stream);
+}
+
+void paged_attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
+                        std::size_t workspace_bytes, Stream stream) {
+  validate_decode_args(args);
+  validate_partition_size(args.spec, partition_size);
+  const V2WorkspaceLayout ws = v2_workspace_layout(args.spec, args.num_seqs, args.max_seq_len, partition_size);
+  require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 16 == 0, "workspace",
+          workspace, "a non-null device pointer aligned to 16 bytes");
+  require(workspace_bytes >= ws.total_bytes, "workspace_bytes", workspace_bytes,
+          "at least v2_workspace_size(...) = " + std::to_string(ws.total_bytes));
+
+  char* base = static_cast<char*>(workspace);
+  DecodeParams p = decode_params(args);
+  p.partition_size = partition_size;
+  p.max_partitions = ws.max_partitions;
+  p.max_logits = reinterpret_cast<float*>(base + ws.max_logits_offset);
+  p.exp_sums = reinterpret_cast<float*>(base + ws.exp_sums_offset);
+  p.partial_out = reinterpret_cast<float*>(base + ws.partial_out_offset);
+  launch_decode(p, args.spec.dtype, args.spec.head_size, /*partials=*/true, stream);
+
+  kernels::MergeParams mp;
+  mp.max_logits = p.max_logits;
+  mp.exp_sums = p.exp_sums;
+  mp.partial_out = p.partial_out;
+  mp.out = args.out;
+  mp.seq_lens = args.seq_lens;
+  mp.num_seqs = args.num_seqs;
+  mp.num_q_heads = args.spec.num_q_heads;
+  mp.head_size = args.spec.head_size;
+  mp.max_seq_len = args.max_seq_len;
+  mp.partition_size = partition_size;
+  mp.max_partitions = ws.max_partitions;
+  launch_merge(mp, args.spec.dtype, stream);
+}
+
+void append_kv(const AppendArgs& args, Stream stream) {
+  validate_append_args(args);
+  kernels::AppendParams p;
+  p.key = args.key;
+  p.value = args.value;
+  p.k_cache = args.k_cache;
+  p.v_cache = args.v_cache;
+  p.slot_mapping = args.slot_mapping;
+  p.num_tokens = args.num_tokens;
+  p.num_kv_heads = args.spec.num_kv_heads;
+  p.head_size = args.spec.head_size;
+  p.block_size = args.spec.block_size;
+  p.layout = args.spec.layout;
+  switch (args.spec.dtype) {
+    case DType::kFloat16: return kernels::launch_append_kv<__half>(p, stream);
+    case DType::kBFloat16: return kernels::launch_append_kv<__nv_bfloat16>(p, stream);
+    case DType::kFloat32: return kernels::launch_append_kv<float>(p, stream);
+  }
+  throw_invalid("dtype", static_cast<int>(args.spec.dtype), "fp16, bf16, fp32");
+}
+
+bool cuda_device_available() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it: "no device" is an answer, not a failure
+    return false;
+  }
+  return n > 0;
+}
+
+}  // namespace decodegraph

@@ -1,0 +1,94 @@
+// Naive paged decode attention (V1), the GPU-side reference.
+//
+// What it computes: out[seq, h] = sum_t softmax(s)_t v_t with s_t = logit(q . k_t), exactly the
+// contract of paged_attention_v1, using online softmax with a rescale per token.
+// Mapping: grid (num_q_heads, num_seqs); block = head_size threads; thread d walks every token,
+// recomputes the full dot product (q cached in shared memory) and accumulates output element d.
+// dtype, layout, head size and block size are all runtime values: no templates, no vectors.
+#include <cuda_runtime.h>
+
+#include "decodegraph/numeric.hpp"
+#include "kernels/cuda_check.hpp"
+#include "kernels/decode_math.hpp"
+#include "kernels/naive.hpp"
+
+namespace decodegraph::naive {
+namespace {
+
+struct NaiveParams {
+  DecodeArgs a;
+  float scale;
+};
+
+__device__ float load_elem(DType dtype, const void* base, int64_t i) {
+  switch (dtype) {
+    case DType::kFloat16: return fp16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBFloat16: return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFloat32: return static_cast<const float*>(base)[i];
+  }
+  return 0.0f;
+}
+
+__device__ void store_elem(DType dtype, void* base, int64_t i, float v) {
+  switch (dtype) {
+    case DType::kFloat16: static_cast<uint16_t*>(base)[i] = float_to_fp16_bits(v); break;
+    case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(v); break;
+    case DType::kFloat32: static_cast<float*>(base)[i] = v; break;
+  }
+}
+
+// ---------------------------------------------------------------- kernel
+
+__global__ void NaivePagedAttentionKernel(const __grid_constant__ NaiveParams np) {
+  __shared__ float s_q[256];
+  const DecodeArgs& a = np.a;
+  const AttentionSpec& s = a.spec;
+  const int q_head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int d = threadIdx.x;
+  const int D = s.head_size;
+  const int kv_head = q_head / (s.num_q_heads / s.num_kv_heads);
+  const int x = math::vllm_x(s.dtype == DType::kFloat32 ? 4 : 2);
+
+  int len = a.seq_lens[seq];
+  if (len > a.max_seq_len) len = a.max_seq_len;
+  if (len <= 0) return;  // block-uniform, before the barrier
+
+  const int64_t row = static_cast<int64_t>(seq) * s.num_q_heads + q_head;
+  s_q[d] = load_elem(s.dtype, a.q, row * D + d);
+  __syncthreads();
+
+  const float slope = a.alibi_slopes != nullptr ? a.alibi_slopes[q_head] : 0.0f;
+  float m = math::neg_inf(), l = 0.0f, acc = 0.0f;
+  for (int pos = 0; pos < len; ++pos) {
+    const int64_t blk = a.block_tables[static_cast<int64_t>(seq) * a.block_table_stride + pos / s.block_size];
+    const int tok = pos % s.block_size;
+    float dot = 0.0f;
+    for (int e = 0; e < D; ++e)
+      dot += s_q[e] * load_elem(s.dtype, a.k_cache,
+                                math::k_offset(s.layout, blk, kv_head, tok, e, s.num_kv_heads, D, s.block_size, x));
+    const float logit = math::logit(dot, np.scale, slope, pos, len);
+    const float f = math::online_rescale(m, l, logit);
+    const float w = math::exp_shifted(logit, m);
+    l += w;
+    acc = acc * f +
+          w * load_elem(s.dtype, a.v_cache, math::v_offset(s.layout, blk, kv_head, tok, d, s.num_kv_heads, D, s.block_size));
+  }
+  store_elem(s.dtype, a.out, row * D + d, math::normalise(acc, l));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- launcher
+
+void paged_attention_v1(const DecodeArgs& args, Stream stream) {
+  validate_decode_args(args);
+  NaiveParams np{args, args.spec.effective_scale()};
+  np.a.host_seq_lens = nullptr;  // host pointers mean nothing on the device
+  np.a.host_block_tables = nullptr;
+  const dim3 grid(static_cast<unsigned>(args.spec.num_q_heads), static_cast<unsigned>(args.num_seqs));
+  NaivePagedAttentionKernel<<<grid, args.spec.head_size, 0, stream>>>(np);
+  DG_CUDA_CHECK_LAUNCH("NaivePagedAttentionKernel");
+}
+
+}  // namespace decodegraph::naive
