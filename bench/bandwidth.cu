@@ -1,0 +1,88 @@
+// The device's read bandwidth, measured in the same run as the attention benchmarks: a streaming
+// read of a buffer far larger than L2 (the H200 has 50 MB), 16-byte loads, grid-stride, each thread
+// folding what it read into one value that is written only when impossible (keeps the loads live
+// without adding write traffic). GB/s = 1e9 bytes / s.
+#include <algorithm>
+#include <vector>
+
+#include "bench_common.hpp"
+
+namespace dgbench {
+namespace {
+
+__global__ void StreamingReadKernel(const uint4* __restrict__ src, std::size_t n_vec, unsigned int* sink) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  unsigned int acc = 0;
+  std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // Unrolled by 4 so several loads are in flight per thread.
+  for (; i + 3 * stride < n_vec; i += 4 * stride) {
+    const uint4 a = __ldcs(src + i);
+    const uint4 b = __ldcs(src + i + stride);
+    const uint4 c = __ldcs(src + i + 2 * stride);
+    const uint4 d = __ldcs(src + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n_vec; i += stride) {
+    const uint4 a = __ldcs(src + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+}  // namespace
+
+std::size_t default_bandwidth_buffer_bytes() {
+  int dev = 0;
+  DGB_CUDA_CHECK(cudaGetDevice(&dev));
+  int l2 = 0;
+  DGB_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  std::size_t free_b = 0, total_b = 0;
+  DGB_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  std::size_t bytes = std::max<std::size_t>(std::size_t{16} * static_cast<std::size_t>(l2), std::size_t{1} << 30);
+  bytes = std::min(bytes, free_b / 4);
+  return bytes / 16 * 16;
+}
+
+ReadBandwidth measure_read_bandwidth(std::size_t bytes, int iters) {
+  ReadBandwidth r;
+  bytes = bytes / 16 * 16;
+  r.buffer_bytes = bytes;
+  r.iterations = iters;
+  int dev = 0, sms = 0;
+  DGB_CUDA_CHECK(cudaGetDevice(&dev));
+  DGB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  void* buf = nullptr;
+  unsigned int* sink = nullptr;
+  DGB_CUDA_CHECK(cudaMalloc(&buf, bytes));
+  DGB_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned int)));
+  DGB_CUDA_CHECK(cudaMemset(buf, 0x5a, bytes));
+  cudaStream_t stream = nullptr;
+  DGB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  DGB_CUDA_CHECK(cudaEventCreate(&e0));
+  DGB_CUDA_CHECK(cudaEventCreate(&e1));
+  const int threads = 512;
+  const int blocks = sms * 4;  // 2048 threads per SM resident: a full wave, grid-stride
+  const std::size_t n_vec = bytes / 16;
+  std::vector<double> gbs;
+  for (int it = -1; it < iters; ++it) {  // it = -1: warm-up
+    DGB_CUDA_CHECK(cudaEventRecord(e0, stream));
+    StreamingReadKernel<<<blocks, threads, 0, stream>>>(static_cast<const uint4*>(buf), n_vec, sink);
+    DGB_CUDA_CHECK(cudaGetLastError());
+    DGB_CUDA_CHECK(cudaEventRecord(e1, stream));
+    DGB_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    DGB_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (it >= 0 && ms > 0) gbs.push_back(static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
+  }
+  r.median_gbs = percentile(gbs, 50);
+  r.best_gbs = gbs.empty() ? 0 : *std::max_element(gbs.begin(), gbs.end());
+  DGB_CUDA_CHECK(cudaEventDestroy(e0));
+  DGB_CUDA_CHECK(cudaEventDestroy(e1));
+  DGB_CUDA_CHECK(cudaStreamDestroy(stream));
+  DGB_CUDA_CHECK(cudaFree(sink));
+  DGB_CUDA_CHECK(cudaFree(buf));
+  return r;
+}
+
+}  // namespace dgbench

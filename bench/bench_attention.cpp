@@ -1,0 +1,385 @@
+// GPU attention benchmarks: eager launches against graph replay, side by side, on named axes.
+//
+//   model    llama3-8b (32q/8kv), llama3-70b-tp8 (8q/1kv), mha (32q/32kv); head 128, block 16, bf16
+//   layers   1, 32 (each layer its own KV cache)
+//   batch    1, 8, 32, 128
+//   context  512, 1K, 2K, 4K, 8K, 8193, 16K, 32K, 64K, 128K (every sequence at this length)
+//   mode     eager_v1; eager_v2_p512, eager_v2_p1024, eager_v2_pauto (the executor's auto P);
+//            graph (Executor::step, attention-only) and graph_callback (the same work enqueued by a
+//            step body through StepContext::attention)
+//
+// One iteration = one decode step over all layers. Timing: the stream is idle at the start of each
+// iteration; CUDA events bracket the step (for the graph modes that includes step()'s host work and
+// staging, since the start event completes at once on an idle stream). Counters:
+//   us_per_step   median over iterations (Google Benchmark's own time column is the mean)
+//   bytes         DESIGN.md's bytes model for the step (all layers)
+//   GBps          bytes / median
+//   pct_read_bw   GBps / the device read bandwidth measured by bench/bandwidth.cu in this process
+// Honest timing: warm-up steps first; the KV footprint of the working set is kept >= 256 MB (5x the
+// H200's 50 MB L2) by rotating each step through several copies of the block tables, each pointing at
+// its own blocks. Combos needing more than 100 GB are not registered.
+// Without a CUDA device every benchmark reports SkipWithError("no CUDA device").
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+
+namespace dg = decodegraph;
+
+namespace {
+
+constexpr double kMaxBytes = 100e9;          // skip combos whose KV would not fit in ~100 GB
+constexpr double kMinFootprint = 256.0e6;    // >= 5x the H200's L2 per step cycle
+constexpr int kMaxRotations = 64;
+
+enum class Mode { kEagerV1, kEagerV2P512, kEagerV2P1024, kEagerV2Auto, kGraph, kGraphCallback };
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kEagerV1: return "eager_v1";
+    case Mode::kEagerV2P512: return "eager_v2_p512";
+    case Mode::kEagerV2P1024: return "eager_v2_p1024";
+    case Mode::kEagerV2Auto: return "eager_v2_pauto";
+    case Mode::kGraph: return "graph";
+    case Mode::kGraphCallback: return "graph_callback";
+  }
+  return "?";
+}
+
+struct Combo {
+  const dgbench::ModelPreset* model;
+  int layers, batch, context;
+  int rotations;
+  double total_bytes;  // KV bytes allocated
+};
+
+int rotations_for(const dg::AttentionSpec& spec, int layers, int batch, int context) {
+  const double per_set = layers * batch * dgbench::kv_bytes(spec, context);
+  return std::clamp(static_cast<int>(std::ceil(kMinFootprint / per_set)), 1, kMaxRotations);
+}
+
+// ---------------------------------------------------------------- device read bandwidth (once)
+
+double read_bandwidth_gbs() {
+  static double gbs = [] {
+    const dgbench::ReadBandwidth r =
+        dgbench::measure_read_bandwidth(dgbench::default_bandwidth_buffer_bytes(), 20);
+    return r.median_gbs;
+  }();
+  return gbs;
+}
+
+// ---------------------------------------------------------------- the workload of one combo
+
+/// Caches, block tables and executors for one (model, layers, batch, context); shared by the modes,
+/// which run one after another, so they are built once per combo.
+struct Workload {
+  Combo combo;
+  dg::AttentionSpec spec;
+  int width = 0;
+  int num_blocks = 0;
+  int sms = 0;
+  cudaStream_t stream = nullptr;
+  std::vector<void*> device;  // every cudaMalloc, freed in the destructor
+  std::vector<void*> k, v, q, out;
+  std::vector<int32_t*> d_tables;  // [rotations] each [batch, width]
+  int32_t* d_lens = nullptr;
+  int32_t* h_lens = nullptr;                 // pinned
+  std::vector<int32_t*> h_tables;            // pinned, [rotations]
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  std::unique_ptr<dg::Executor> graph, callback;
+
+  void* dmalloc(std::size_t bytes) {
+    void* p = nullptr;
+    DGB_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)));
+    device.push_back(p);
+    return p;
+  }
+
+  explicit Workload(const Combo& c) : combo(c), spec(dgbench::spec_of(*c.model)) {
+    int dev = 0;
+    DGB_CUDA_CHECK(cudaGetDevice(&dev));
+    DGB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    DGB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const int bs = spec.block_size;
+    const int per_seq = (c.context + bs - 1) / bs;
+    width = per_seq;
+    num_blocks = c.rotations * c.batch * per_seq;
+    const std::size_t esize = dg::dtype_size(spec.dtype);
+    const std::size_t cache_elems = static_cast<std::size_t>(num_blocks) * spec.block_elems();
+    const std::size_t qo_elems = static_cast<std::size_t>(c.batch) * spec.num_q_heads * spec.head_size;
+    for (int l = 0; l < c.layers; ++l) {
+      k.push_back(dmalloc(cache_elems * esize));
+      v.push_back(dmalloc(cache_elems * esize));
+      q.push_back(dmalloc(qo_elems * esize));
+      out.push_back(dmalloc(qo_elems * esize));
+      dgbench::fill_random_device(spec.dtype, k.back(), cache_elems, 100 + 4 * l, stream);
+      dgbench::fill_random_device(spec.dtype, v.back(), cache_elems, 101 + 4 * l, stream);
+      dgbench::fill_random_device(spec.dtype, q.back(), qo_elems, 102 + 4 * l, stream);
+    }
+    // Rotation r owns a disjoint, shuffled set of blocks.
+    std::vector<int32_t> ids(static_cast<std::size_t>(num_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::mt19937_64 rng(7);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    DGB_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_lens), sizeof(int32_t) * c.batch));
+    std::fill(h_lens, h_lens + c.batch, c.context);
+    d_lens = static_cast<int32_t*>(dmalloc(sizeof(int32_t) * c.batch));
+    DGB_CUDA_CHECK(cudaMemcpy(d_lens, h_lens, sizeof(int32_t) * c.batch, cudaMemcpyHostToDevice));
+    const std::size_t tab = static_cast<std::size_t>(c.batch) * width;
+    for (int r = 0; r < c.rotations; ++r) {
+      int32_t* h = nullptr;
+      DGB_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h), sizeof(int32_t) * tab));
+      std::copy(ids.begin() + static_cast<std::ptrdiff_t>(r * tab), ids.begin() + static_cast<std::ptrdiff_t>((r + 1) * tab), h);
+      h_tables.push_back(h);
+      d_tables.push_back(static_cast<int32_t*>(dmalloc(sizeof(int32_t) * tab)));
+      DGB_CUDA_CHECK(cudaMemcpy(d_tables.back(), h, sizeof(int32_t) * tab, cudaMemcpyHostToDevice));
+    }
+    for (int p : {512, 1024, auto_partition()})
+      workspace_bytes = std::max(workspace_bytes, dg::v2_workspace_size(spec, c.batch, c.context, p));
+    workspace = dmalloc(workspace_bytes);
+    DGB_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  ~Workload() {
+    graph.reset();
+    callback.reset();
+    cudaStreamSynchronize(stream);
+    for (void* p : device) cudaFree(p);
+    for (int32_t* h : h_tables) cudaFreeHost(h);
+    if (h_lens) cudaFreeHost(h_lens);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  /// The executor's auto partition size for this bucket (batch, band holding `context`).
+  int auto_partition() const {
+    const std::vector<int> edges = dg::default_band_edges(combo.context, 8192);
+    const int band_hi = *std::lower_bound(edges.begin(), edges.end(), combo.context);
+    return dg::auto_partition_size(spec, combo.batch, band_hi, sms);
+  }
+
+  dg::Executor& executor(bool with_callback) {
+    std::unique_ptr<dg::Executor>& slot = with_callback ? callback : graph;
+    if (slot) return *slot;
+    dg::ExecutorConfig cfg;
+    cfg.spec = spec;
+    cfg.num_layers = combo.layers;
+    for (int l = 0; l < combo.layers; ++l) {
+      dg::LayerBuffers lb;
+      lb.k_cache = k[l];
+      lb.v_cache = v[l];
+      lb.q = q[l];
+      lb.out = out[l];
+      cfg.layers.push_back(lb);
+    }
+    cfg.max_batch = combo.batch;
+    cfg.batch_buckets = {combo.batch};
+    cfg.max_seq_len = combo.context;
+    cfg.max_blocks_per_seq = width;
+    cfg.num_blocks = num_blocks;
+    cfg.append_kv = false;  // attention only, as the eager modes
+    cfg.backend = dg::BackendKind::kCuda;
+    cfg.capture = dg::CapturePolicy::kLazy;
+    dg::StepBody body;
+    if (with_callback) {
+      const int layers = combo.layers;
+      body = [layers](dg::StepContext& ctx) {
+        for (int l = 0; l < layers; ++l) ctx.attention(l);
+      };
+    }
+    slot = std::make_unique<dg::Executor>(cfg, body);
+    return *slot;
+  }
+
+  /// One decode step in `mode` using rotation r; enqueues only (no synchronisation).
+  void step(Mode mode, int r, int auto_p) {
+    if (mode == Mode::kGraph || mode == Mode::kGraphCallback) {
+      dg::StepInputs in;
+      in.num_seqs = combo.batch;
+      in.seq_lens = h_lens;
+      in.block_tables = h_tables[r];
+      in.block_table_stride = width;
+      in.space = dg::MemorySpace::kHost;
+      executor(mode == Mode::kGraphCallback).step(in);
+      return;
+    }
+    for (int l = 0; l < combo.layers; ++l) {
+      dg::DecodeArgs a;
+      a.spec = spec;
+      a.num_seqs = combo.batch;
+      a.max_seq_len = combo.context;
+      a.block_table_stride = width;
+      a.num_blocks = num_blocks;
+      a.q = q[l];
+      a.out = out[l];
+      a.k_cache = k[l];
+      a.v_cache = v[l];
+      a.block_tables = d_tables[r];
+      a.seq_lens = d_lens;
+      switch (mode) {
+        case Mode::kEagerV1: dg::paged_attention_v1(a, stream); break;
+        case Mode::kEagerV2P512: dg::paged_attention_v2(a, 512, workspace, workspace_bytes, stream); break;
+        case Mode::kEagerV2P1024: dg::paged_attention_v2(a, 1024, workspace, workspace_bytes, stream); break;
+        default: dg::paged_attention_v2(a, auto_p, workspace, workspace_bytes, stream); break;
+      }
+    }
+  }
+
+  cudaStream_t stream_of(Mode mode) {
+    if (mode == Mode::kGraph) return executor(false).stream();
+    if (mode == Mode::kGraphCallback) return executor(true).stream();
+    return stream;
+  }
+};
+
+std::string combo_key(const Combo& c) {
+  return dgbench::strf("%s/%d/%d/%d", c.model->name, c.layers, c.batch, c.context);
+}
+
+/// The workload of combo c (built on first use), or nullptr when its caches do not fit in free memory.
+Workload* workload_for(const Combo& c) {
+  static std::unique_ptr<Workload> current;
+  static std::string key;
+  if (!current || key != combo_key(c)) {
+    current.reset();  // free the previous combo's memory first
+    key.clear();
+    std::size_t free_b = 0, total_b = 0;
+    DGB_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (c.total_bytes > 0.9 * static_cast<double>(free_b)) return nullptr;
+    current = std::make_unique<Workload>(c);
+    key = combo_key(c);
+  }
+  return current.get();
+}
+
+void BM_Attention(benchmark::State& state, Combo c, Mode mode) {
+  if (!dg::cuda_device_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  Workload* wp = workload_for(c);
+  if (!wp) {
+    state.SkipWithError(dgbench::strf("KV caches need %.1f GB; not enough free device memory", c.total_bytes / 1e9).c_str());
+    return;
+  }
+  Workload& w = *wp;
+  const int auto_p = w.auto_partition();
+  const int partition = mode == Mode::kEagerV2P512 ? 512
+                        : mode == Mode::kEagerV2P1024 ? 1024
+                        : mode == Mode::kEagerV2Auto ? auto_p : 0;
+  dg::KernelKind kernel = mode == Mode::kEagerV1 ? dg::KernelKind::kV1 : dg::KernelKind::kV2;
+  int plan_p = partition;
+  if (mode == Mode::kGraph || mode == Mode::kGraphCallback) {
+    const dg::Executor& ex = w.executor(mode == Mode::kGraphCallback);
+    for (const auto& p : ex.plans())
+      if (p.band_lo < c.context && c.context <= p.band_hi) kernel = p.kernel, plan_p = p.partition_size;
+  }
+  const double bytes = c.layers * dgbench::attention_bytes(w.spec, w.h_lens, c.batch, kernel, plan_p);
+  const double peak = read_bandwidth_gbs();
+
+  cudaStream_t s = w.stream_of(mode);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  DGB_CUDA_CHECK(cudaEventCreate(&e0));
+  DGB_CUDA_CHECK(cudaEventCreate(&e1));
+  int r = 0;
+  // Warm-up: captures the graph, touches every rotation once (up to 8).
+  for (int i = 0; i < std::min(c.rotations, 8) + 2; ++i) {
+    w.step(mode, r, auto_p);
+    r = (r + 1) % c.rotations;
+  }
+  DGB_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> us;
+  for (auto _ : state) {
+    DGB_CUDA_CHECK(cudaEventRecord(e0, s));
+    w.step(mode, r, auto_p);
+    DGB_CUDA_CHECK(cudaEventRecord(e1, s));
+    DGB_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    DGB_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    state.SetIterationTime(ms * 1e-3);
+    us.push_back(ms * 1e3);
+    r = (r + 1) % c.rotations;
+  }
+  DGB_CUDA_CHECK(cudaEventDestroy(e0));
+  DGB_CUDA_CHECK(cudaEventDestroy(e1));
+  const double med = dgbench::percentile(us, 50);
+  state.counters["us_per_step"] = med;
+  state.counters["bytes"] = bytes;
+  state.counters["GBps"] = med > 0 ? bytes / (med * 1e-6) / 1e9 : 0;
+  state.counters["pct_read_bw"] = med > 0 && peak > 0 ? 100.0 * bytes / (med * 1e-6) / 1e9 / peak : 0;
+  state.counters["read_bw_GBps"] = peak;
+  state.counters["P"] = plan_p;
+  state.counters["rotations"] = c.rotations;
+  state.SetLabel(dg::to_string(kernel));
+}
+
+/// The streaming-read ceiling itself, as its own row.
+void BM_ReadBandwidth(benchmark::State& state) {
+  if (!dg::cuda_device_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  dgbench::ReadBandwidth r{};
+  for (auto _ : state) {
+    r = dgbench::measure_read_bandwidth(dgbench::default_bandwidth_buffer_bytes(), 10);
+    state.SetIterationTime(static_cast<double>(r.buffer_bytes) / (r.median_gbs * 1e9));
+  }
+  state.counters["GBps"] = r.median_gbs;
+  state.counters["best_GBps"] = r.best_gbs;
+  state.counters["buffer_bytes"] = static_cast<double>(r.buffer_bytes);
+}
+
+void register_all() {
+  benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)->UseManualTime()->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+  const int batches[] = {1, 8, 32, 128};
+  const int contexts[] = {512, 1024, 2048, 4096, 8192, 8193, 16384, 32768, 65536, 131072};
+  const Mode modes[] = {Mode::kEagerV1,     Mode::kEagerV2P512, Mode::kEagerV2P1024,
+                        Mode::kEagerV2Auto, Mode::kGraph,       Mode::kGraphCallback};
+  int registered = 0, skipped = 0;
+  for (const char* model_name : {"llama3-8b", "llama3-70b-tp8", "mha"}) {
+    const dgbench::ModelPreset* model = dgbench::find_preset(model_name);
+    const dg::AttentionSpec spec = dgbench::spec_of(*model);
+    for (int layers : {1, 32}) {
+      for (int batch : batches) {
+        for (int context : contexts) {
+          Combo c{model, layers, batch, context, rotations_for(spec, layers, batch, context), 0};
+          const int per_seq = (context + spec.block_size - 1) / spec.block_size;
+          c.total_bytes = static_cast<double>(layers) * c.rotations *
+                          dgbench::kv_bytes(spec, static_cast<long long>(batch) * per_seq * spec.block_size);
+          if (c.total_bytes > kMaxBytes) {
+            skipped += static_cast<int>(std::size(modes));
+            continue;
+          }
+          for (Mode m : modes) {
+            const std::string name = dgbench::strf("BM_Attention/model:%s/layers:%d/batch:%d/context:%d/mode:%s",
+                                                   model_name, layers, batch, context, mode_name(m));
+            benchmark::RegisterBenchmark(name.c_str(), BM_Attention, c, m)->UseManualTime()->Unit(
+                benchmark::kMicrosecond);
+            ++registered;
+          }
+        }
+      }
+    }
+  }
+  std::fprintf(stderr, "bench_attention: %d benchmarks registered, %d skipped (KV above %.0f GB)\n", registered,
+               skipped, kMaxBytes / 1e9);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

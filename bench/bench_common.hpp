@@ -1,0 +1,100 @@
+// Helpers shared by the benchmarks and decode_loop: model presets, DESIGN.md's bytes model,
+// percentiles, seeded random fills (host, and device on CUDA builds) and the streaming-read kernel
+// that measures the device's read bandwidth in the same run.
+//
+// Bench code may abort on a CUDA error (STYLE.md 7: only tests and benches may); the library never does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "decodegraph/decodegraph.hpp"
+
+#if DECODEGRAPH_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#define DGB_CUDA_CHECK(call)                                                                   \
+  do {                                                                                         \
+    const cudaError_t dgb_err_ = (call);                                                       \
+    if (dgb_err_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(dgb_err_), __FILE__, \
+                   __LINE__, cudaGetErrorString(dgb_err_));                                    \
+      std::abort();                                                                            \
+    }                                                                                          \
+  } while (0)
+#endif
+
+namespace dgbench {
+
+/// A named attention shape (per layer).
+struct ModelPreset {
+  const char* name;
+  const char* description;
+  int q_heads;
+  int kv_heads;
+  int head_size;
+  int block_size;
+  decodegraph::DType dtype;
+};
+
+/// llama3-8b (32q/8kv), llama3-70b-tp8 (8q/1kv), mha (32q/32kv): head 128, block 16, bf16;
+/// plus "small" (8q/2kv, head 64), the CPU-friendly default of the host backend.
+const std::vector<ModelPreset>& model_presets();
+/// nullptr when unknown.
+const ModelPreset* find_preset(std::string_view name);
+decodegraph::AttentionSpec spec_of(const ModelPreset& preset);
+
+/// DESIGN.md "Performance model", bytes of one layer's attention for one step:
+///   sum over sequences of 2 * len * kv_heads * head_size * bytes(dtype)   (K and V read)
+///   + q read and out written                                           (num_seqs x q_heads x D each)
+///   + V2 only: partials written by pass 1 and read by pass 2, per partition (max logit, exp sum and
+///     head_size partial outputs, fp32), for each sequence's ceil(len/P) partitions.
+/// Rows with len 0 (padding) move nothing.
+double attention_bytes(const decodegraph::AttentionSpec& spec, const int32_t* seq_lens, int num_seqs,
+                       decodegraph::KernelKind kernel, int partition_size);
+/// KV bytes of a context of `len` tokens for one layer (K and V).
+double kv_bytes(const decodegraph::AttentionSpec& spec, long long len);
+
+/// p in [0, 100]; linear interpolation between order statistics. 0 for an empty sample.
+double percentile(std::vector<double> values, double p);
+
+/// Seeded uniform values in [-1, 1) rounded to dtype (splitmix64: fast enough for GBs of cache).
+/// Never all zeros.
+void fill_random_host(decodegraph::DType dtype, void* buf, std::size_t n, std::uint64_t seed);
+
+/// "1.5 GiB", "512 KiB".
+std::string format_bytes(double bytes);
+
+/// Renders rows as an aligned text table (first row is the header).
+std::string format_table(const std::vector<std::vector<std::string>>& rows);
+
+/// printf into a std::string.
+std::string strf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/// Result of the streaming-read measurement (bench/bandwidth.cu).
+struct ReadBandwidth {
+  double median_gbs = 0;  // median over iterations, GB/s = 1e9 bytes/s
+  double best_gbs = 0;
+  std::size_t buffer_bytes = 0;
+  int iterations = 0;
+};
+
+#if DECODEGRAPH_HAS_CUDA
+/// Seeded uniform values in [-1, 1) rounded to dtype, written on the device (bench/device_fill.cu).
+void fill_random_device(decodegraph::DType dtype, void* buf, std::size_t n, std::uint64_t seed,
+                        cudaStream_t stream);
+
+/// Reads a buffer of `bytes` (make it far larger than L2) with 16-byte loads, `iters` timed passes
+/// after one warm-up pass, timed with CUDA events.
+ReadBandwidth measure_read_bandwidth(std::size_t bytes, int iters);
+/// Default buffer size: 16x the device's L2, at least 1 GiB, at most a quarter of free memory.
+std::size_t default_bandwidth_buffer_bytes();
+#endif
+
+}  // namespace dgbench

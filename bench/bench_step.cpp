@@ -1,0 +1,223 @@
+// Host cost of Executor::step() alone: validation, bucket choice, staging and launch submission, at
+// batch 1, 64 and 256 (target: <= 3 us at batch 64 on the CUDA backend).
+//
+// What is timed: the wall time of one step() call, from entry to return, per iteration (manual
+// timing; the counter us_per_step is the median). The device is never waited for inside the timed
+// region; on CUDA the stream is drained every 256 steps outside it, so the queue never backs up.
+//
+// Modes (the name's body: axis):
+//   body:empty      a step body that enqueues nothing. The graph is empty, so what remains is exactly
+//                   the host side: validation, bucket choice, staging copies and the graph launch (or,
+//                   on the host backend, the replay of an empty recording). This is the number to
+//                   compare with the 3 us target, on either backend.
+//   body:attention  the default attention-only step (KV append + attention, 1 layer, 16-token
+//                   context). On CUDA step() only submits the work, so this adds the cost of
+//                   launching a non-empty graph. On the host backend the replay runs the host kernels
+//                   inside step(), so this number is dominated by CPU attention, not by step().
+// Axes: backend (host; cuda, which reports "no CUDA device" without one), validation (cheap/full),
+// inputs (host memory, or device memory on CUDA), batch.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+
+namespace dg = decodegraph;
+
+namespace {
+
+constexpr int kContext = 16;  // one block: keeps the attention body's device/CPU work minimal
+
+struct StepRig {
+  bool device = false;
+  dg::AttentionSpec spec;
+  int batch = 0;
+  int num_blocks = 0;
+  int width = 0;
+  std::vector<void*> owned;  // device allocations (CUDA)
+  std::vector<std::vector<unsigned char>> host_owned;
+  std::vector<int32_t> lens, tables;
+  std::vector<int64_t> slots;
+  int32_t* d_lens = nullptr;
+  int32_t* d_tables = nullptr;
+  int64_t* d_slots = nullptr;
+  std::unique_ptr<dg::Executor> ex;
+
+  void* alloc(std::size_t bytes, std::uint64_t seed) {
+#if DECODEGRAPH_HAS_CUDA
+    if (device) {
+      void* p = nullptr;
+      DGB_CUDA_CHECK(cudaMalloc(&p, bytes));
+      owned.push_back(p);
+      if (seed) dgbench::fill_random_device(spec.dtype, p, bytes / dg::dtype_size(spec.dtype), seed, nullptr);
+      return p;
+    }
+#endif
+    host_owned.emplace_back(bytes + 16);
+    void* p = host_owned.back().data();
+    if (seed) dgbench::fill_random_host(spec.dtype, p, bytes / dg::dtype_size(spec.dtype), seed);
+    return p;
+  }
+  ~StepRig() {
+    ex.reset();
+#if DECODEGRAPH_HAS_CUDA
+    for (void* p : owned) cudaFree(p);
+#endif
+  }
+};
+
+std::unique_ptr<StepRig> make_rig(dg::BackendKind backend, bool empty_body, dg::ValidationLevel level,
+                                  int batch) {
+  auto rig = std::make_unique<StepRig>();
+  rig->device = backend == dg::BackendKind::kCuda;
+  rig->spec = dgbench::spec_of(*dgbench::find_preset("llama3-8b"));
+  rig->batch = batch;
+  const int bs = rig->spec.block_size;
+  rig->num_blocks = batch * ((kContext + bs - 1) / bs);
+  const std::size_t cache_bytes =
+      static_cast<std::size_t>(rig->num_blocks) * rig->spec.block_elems() * dg::dtype_size(rig->spec.dtype);
+  dg::ExecutorConfig cfg;
+  cfg.spec = rig->spec;
+  cfg.num_layers = 1;
+  cfg.layers.push_back({rig->alloc(cache_bytes, 11), rig->alloc(cache_bytes, 12)});
+  cfg.max_batch = 256;
+  cfg.max_seq_len = 8192;
+  cfg.num_blocks = rig->num_blocks;
+  cfg.backend = backend;
+  cfg.validation = level;
+  cfg.capture = dg::CapturePolicy::kLazy;
+  dg::StepBody body;
+  if (empty_body) body = [](dg::StepContext&) {};
+  rig->ex = std::make_unique<dg::Executor>(cfg, body);
+  rig->width = rig->ex->config().max_blocks_per_seq > 0 ? rig->ex->config().max_blocks_per_seq
+                                                        : (cfg.max_seq_len + bs - 1) / bs;
+  rig->lens.assign(batch, kContext);
+  rig->tables.assign(static_cast<std::size_t>(batch) * rig->width, 0);
+  rig->slots.resize(batch);
+  const int per_seq = (kContext + bs - 1) / bs;
+  for (int i = 0; i < batch; ++i) {
+    for (int b = 0; b < per_seq; ++b) rig->tables[static_cast<std::size_t>(i) * rig->width + b] = i * per_seq + b;
+    rig->slots[i] = static_cast<int64_t>(i * per_seq) * bs + (kContext - 1) % bs;
+  }
+  for (int l = 0; l < 1; ++l) {
+    const std::size_t qn = static_cast<std::size_t>(256) * rig->spec.num_q_heads * rig->spec.head_size;
+    const std::size_t kn = static_cast<std::size_t>(256) * rig->spec.num_kv_heads * rig->spec.head_size;
+#if DECODEGRAPH_HAS_CUDA
+    if (rig->device) {
+      dgbench::fill_random_device(rig->spec.dtype, rig->ex->query(l), qn, 21, nullptr);
+      dgbench::fill_random_device(rig->spec.dtype, rig->ex->new_key(l), kn, 22, nullptr);
+      dgbench::fill_random_device(rig->spec.dtype, rig->ex->new_value(l), kn, 23, nullptr);
+      continue;
+    }
+#endif
+    dgbench::fill_random_host(rig->spec.dtype, rig->ex->query(l), qn, 21);
+    dgbench::fill_random_host(rig->spec.dtype, rig->ex->new_key(l), kn, 22);
+    dgbench::fill_random_host(rig->spec.dtype, rig->ex->new_value(l), kn, 23);
+  }
+#if DECODEGRAPH_HAS_CUDA
+  if (rig->device) {
+    DGB_CUDA_CHECK(cudaMalloc(&rig->d_lens, sizeof(int32_t) * batch));
+    DGB_CUDA_CHECK(cudaMalloc(&rig->d_tables, sizeof(int32_t) * rig->tables.size()));
+    DGB_CUDA_CHECK(cudaMalloc(&rig->d_slots, sizeof(int64_t) * batch));
+    rig->owned.push_back(rig->d_lens);
+    rig->owned.push_back(rig->d_tables);
+    rig->owned.push_back(rig->d_slots);
+    DGB_CUDA_CHECK(cudaMemcpy(rig->d_lens, rig->lens.data(), sizeof(int32_t) * batch, cudaMemcpyHostToDevice));
+    DGB_CUDA_CHECK(cudaMemcpy(rig->d_tables, rig->tables.data(), sizeof(int32_t) * rig->tables.size(),
+                              cudaMemcpyHostToDevice));
+    DGB_CUDA_CHECK(cudaMemcpy(rig->d_slots, rig->slots.data(), sizeof(int64_t) * batch, cudaMemcpyHostToDevice));
+    DGB_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#endif
+  return rig;
+}
+
+void drain(const StepRig& rig) {
+#if DECODEGRAPH_HAS_CUDA
+  if (rig.device) DGB_CUDA_CHECK(cudaStreamSynchronize(rig.ex->stream()));
+#else
+  (void)rig;
+#endif
+}
+
+void BM_Step(benchmark::State& state, dg::BackendKind backend, bool empty_body, dg::ValidationLevel level,
+             dg::MemorySpace space) {
+  if (backend == dg::BackendKind::kCuda && !dg::cuda_device_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const int batch = static_cast<int>(state.range(0));
+  std::unique_ptr<StepRig> rig = make_rig(backend, empty_body, level, batch);
+  dg::StepInputs in;
+  in.num_seqs = batch;
+  in.block_table_stride = rig->width;
+  in.space = space;
+  const bool dev_inputs = space == dg::MemorySpace::kDevice;
+  in.seq_lens = dev_inputs ? rig->d_lens : rig->lens.data();
+  in.block_tables = dev_inputs ? rig->d_tables : rig->tables.data();
+  in.slot_mapping = dev_inputs ? rig->d_slots : rig->slots.data();
+
+  // Warm-up: the first step captures the bucket's graph; a few more settle caches and allocators.
+  for (int i = 0; i < 16; ++i) rig->ex->step(in);
+  drain(*rig);
+
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> us;
+  us.reserve(1 << 16);
+  long n = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    dg::StepResult r = rig->ex->step(in);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    benchmark::DoNotOptimize(r);
+    state.SetIterationTime(dt);
+    if (us.size() < us.capacity()) us.push_back(dt * 1e6);
+    if (++n % 256 == 0) drain(*rig);  // outside the timed region
+  }
+  drain(*rig);
+  state.counters["us_per_step"] = dgbench::percentile(us, 50);
+  state.counters["us_p99"] = dgbench::percentile(us, 99);
+  state.counters["batch"] = batch;
+}
+
+void register_all() {
+  struct B {
+    dg::BackendKind kind;
+    const char* name;
+  };
+  for (B b : {B{dg::BackendKind::kHost, "host"}, B{dg::BackendKind::kCuda, "cuda"}}) {
+    for (bool empty : {true, false}) {
+      for (dg::ValidationLevel v : {dg::ValidationLevel::kCheap, dg::ValidationLevel::kFull}) {
+        for (dg::MemorySpace sp : {dg::MemorySpace::kHost, dg::MemorySpace::kDevice}) {
+          if (sp == dg::MemorySpace::kDevice && b.kind != dg::BackendKind::kCuda) continue;
+          const std::string name = std::string("BM_Step/backend:") + b.name + "/body:" +
+                                   (empty ? "empty" : "attention") +
+                                   "/validation:" + (v == dg::ValidationLevel::kCheap ? "cheap" : "full") +
+                                   "/inputs:" + (sp == dg::MemorySpace::kHost ? "host" : "device");
+          benchmark::RegisterBenchmark(name.c_str(), BM_Step, b.kind, empty, v, sp)
+              ->ArgName("batch")
+              ->Arg(1)
+              ->Arg(64)
+              ->Arg(256)
+              ->UseManualTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

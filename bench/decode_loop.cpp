@@ -1,0 +1,950 @@
+// decode_loop: the decode-loop benchmark, and the first program a new user runs.
+//
+// It allocates paged KV caches (random data) and block tables, then simulates a decode loop: every
+// step each sequence grows by one token, a new block is appended to its block table when the token
+// starts one, and the token's slot goes into slot_mapping. Each step replays through the Executor
+// (append the new K/V, then attention, for every layer) and runs again eagerly (CUDA: the eager
+// launchers; host backend: the host:: implementation) on the same inputs; the outputs must agree
+// (bitwise on a GPU, within tolerance on the host backend), otherwise the program exits non-zero.
+//
+// The run is split into segments, one per --start-lens entry ("N" or "MIN:MAX" spread over the
+// batch); each runs --steps steps from its start lengths. Segments that start just below a band edge
+// walk across it, so one run shows several bands and the V1 -> V2 swap at the threshold.
+//
+// Output: the plan table, the per-band table (eager vs graph latency, GB/s by DESIGN.md's bytes
+// model, % of the read bandwidth measured in the same run), capture statistics; --json / --csv.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "decodegraph/decodegraph.hpp"
+
+namespace dg = decodegraph;
+using dgbench::strf;
+
+namespace {
+
+// ---------------------------------------------------------------- options
+
+struct Options {
+  std::string preset;
+  int q_heads = 0, kv_heads = 0, head_size = 0, block_size = 0;
+  std::string dtype, layout;
+  int batch = 0;
+  std::string start_lens;
+  int steps = 0;
+  int layers = 0;
+  std::string backend = "auto";
+  std::string partition = "auto";
+  int threshold = 8192;
+  int max_seq_len = 0;
+  std::string json_path;
+  bool csv = false;
+  std::uint64_t seed = 1;
+  bool check = true;
+  bool progress = true;
+};
+
+void print_usage(std::FILE* f) {
+  std::fprintf(f,
+R"(usage: decode_loop [options]
+
+Simulates a decode loop over a paged KV cache and replays each step through the decodegraph
+Executor, checking it against eager launches and timing both per length band.
+
+shape:
+  --preset NAME         llama3-8b (32q/8kv), llama3-70b-tp8 (8q/1kv), mha (32q/32kv) [head 128,
+                        block 16, bf16]; small (8q/2kv, head 64, block 16, bf16)
+  --q-heads N --kv-heads N --head-size N --block-size N --dtype fp16|bf16|fp32 --layout vllm|nhd
+                        override the preset's fields
+loop:
+  --batch N             sequences per step
+  --start-lens LIST     comma-separated segments; each "N" (every sequence starts at N tokens) or
+                        "MIN:MAX" (start lengths spread over the batch). Each segment runs --steps steps.
+  --steps N             steps per segment
+  --layers N            layers (each with its own KV cache)
+  --max-seq-len N       executor max_seq_len (default: next power of two >= the longest length)
+executor:
+  --backend auto|cuda|host   (auto: cuda when a device is present)
+  --partition auto|N    V2 partition size (multiple of the block size)
+  --threshold N         V1/V2 threshold (default 8192)
+output:
+  --json FILE           write everything as JSON (plot it with bench/plot_decode_loop.py)
+  --csv                 print the per-band table as CSV on stdout; everything else goes to stderr
+  --no-progress         no progress bar (it is drawn only when stderr is a terminal)
+  --seed N              random data seed (default 1)
+  --no-check            skip the eager-vs-graph output comparison (eager is still timed)
+  -h, --help
+)");
+}
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "decode_loop: %s\n(run decode_loop --help for the options)\n", msg.c_str());
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const std::string& v, int min_value) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < min_value || x > 1L << 30)
+    usage_error(strf("%s = '%s' is invalid; allowed: an integer >= %d", flag.c_str(), v.c_str(), min_value));
+  return static_cast<int>(x);
+}
+
+Options parse_options(int argc, char** argv, std::vector<std::string>& given) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      print_usage(stdout);
+      std::exit(0);
+    }
+    given.push_back(a);
+    if (a == "--preset") o.preset = value();
+    else if (a == "--q-heads") o.q_heads = parse_int(a, value(), 1);
+    else if (a == "--kv-heads") o.kv_heads = parse_int(a, value(), 1);
+    else if (a == "--head-size") o.head_size = parse_int(a, value(), 1);
+    else if (a == "--block-size") o.block_size = parse_int(a, value(), 1);
+    else if (a == "--dtype") o.dtype = value();
+    else if (a == "--layout") o.layout = value();
+    else if (a == "--batch") o.batch = parse_int(a, value(), 1);
+    else if (a == "--start-lens") o.start_lens = value();
+    else if (a == "--steps") o.steps = parse_int(a, value(), 1);
+    else if (a == "--layers") o.layers = parse_int(a, value(), 1);
+    else if (a == "--max-seq-len") o.max_seq_len = parse_int(a, value(), 1);
+    else if (a == "--backend") o.backend = value();
+    else if (a == "--partition") o.partition = value();
+    else if (a == "--threshold") o.threshold = parse_int(a, value(), 1);
+    else if (a == "--json") o.json_path = value();
+    else if (a == "--csv") o.csv = true;
+    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, value(), 0));
+    else if (a == "--no-check") o.check = false;
+    else if (a == "--no-progress") o.progress = false;
+    else usage_error("unknown option '" + a + "'");
+  }
+  return o;
+}
+
+bool was_given(const std::vector<std::string>& given, const char* flag) {
+  return std::find(given.begin(), given.end(), flag) != given.end();
+}
+
+/// One --start-lens entry: start lengths for the batch.
+struct Segment {
+  std::string label;
+  std::vector<int> start;
+};
+
+std::vector<Segment> parse_segments(const std::string& text, int batch) {
+  std::vector<Segment> segs;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    Segment s;
+    s.label = item;
+    const auto colon = item.find(':');
+    int lo, hi;
+    if (colon == std::string::npos) {
+      lo = hi = parse_int("--start-lens entry", item, 0);
+    } else {
+      lo = parse_int("--start-lens MIN", item.substr(0, colon), 0);
+      hi = parse_int("--start-lens MAX", item.substr(colon + 1), 0);
+      if (hi < lo) usage_error(strf("--start-lens entry '%s' has MAX < MIN", item.c_str()));
+    }
+    for (int i = 0; i < batch; ++i)
+      s.start.push_back(batch == 1 ? hi
+                                   : lo + static_cast<int>(std::lround(static_cast<double>(hi - lo) * i /
+                                                                       (batch - 1))));
+    segs.push_back(std::move(s));
+  }
+  if (segs.empty()) usage_error("--start-lens is empty");
+  return segs;
+}
+
+// ---------------------------------------------------------------- memory (host or device)
+
+/// A buffer in the backend's memory space: device memory on CUDA, 16-byte-aligned host memory on the
+/// host backend.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(bool device, std::size_t bytes) : device_(device), bytes_(bytes) {
+    if (bytes == 0) return;
+    if (device) {
+#if DECODEGRAPH_HAS_CUDA
+      DGB_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+#endif
+    } else {
+      host_.resize((bytes + 15) / 16);
+      ptr_ = host_.data();
+    }
+  }
+  ~Buffer() {
+#if DECODEGRAPH_HAS_CUDA
+    if (device_ && ptr_) cudaFree(ptr_);
+#endif
+  }
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    std::swap(device_, o.device_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(ptr_, o.ptr_);
+    std::swap(host_, o.host_);
+    return *this;
+  }
+  void* get() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  struct alignas(16) Chunk {
+    unsigned char b[16];
+  };
+  bool device_ = false;
+  std::size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+  std::vector<Chunk> host_;
+};
+
+/// Pinned host memory on CUDA (fast, truly async staging), plain vectors otherwise.
+template <typename T>
+class HostArray {
+ public:
+  HostArray(bool pinned, std::size_t n) : pinned_(pinned), n_(n) {
+#if DECODEGRAPH_HAS_CUDA
+    if (pinned_) {
+      DGB_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ptr_), std::max<std::size_t>(n, 1) * sizeof(T)));
+      std::fill(ptr_, ptr_ + n, T{});
+      return;
+    }
+#endif
+    pinned_ = false;
+    vec_.assign(n, T{});
+    ptr_ = vec_.data();
+  }
+  ~HostArray() {
+#if DECODEGRAPH_HAS_CUDA
+    if (pinned_) cudaFreeHost(ptr_);
+#endif
+  }
+  HostArray(const HostArray&) = delete;
+  HostArray& operator=(const HostArray&) = delete;
+  T* data() { return ptr_; }
+  const T* data() const { return ptr_; }
+  T& operator[](std::size_t i) { return ptr_[i]; }
+  std::size_t size() const { return n_; }
+
+ private:
+  bool pinned_;
+  std::size_t n_;
+  T* ptr_ = nullptr;
+  std::vector<T> vec_;
+};
+
+// ---------------------------------------------------------------- progress bar
+
+/// Drawn on stderr, only when it is a terminal and the run has taken more than a second.
+class Progress {
+ public:
+  Progress(bool enabled, long total) : enabled_(enabled && isatty(2)), total_(total) {}
+  void update(long done, const std::string& label) {
+    if (!enabled_) return;
+    const double t = seconds_since(start_);
+    if (t < 1.0 || seconds_since(last_) < 0.1) return;
+    last_ = Clock::now();
+    const int width = 30;
+    const int filled = static_cast<int>(width * done / std::max(1L, total_));
+    const double eta = done > 0 ? t * static_cast<double>(total_ - done) / static_cast<double>(done) : 0;
+    std::fprintf(stderr, "\r[%s%s] %3ld%%  step %ld/%ld  %s  eta %.0fs   ",
+                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                 std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), 100 * done / std::max(1L, total_),
+                 done, total_, label.c_str(), eta);
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  void finish() {
+    if (drawn_) std::fprintf(stderr, "\r%80s\r", "");
+    drawn_ = false;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+  bool enabled_;
+  long total_;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_ = Clock::now();
+  bool drawn_ = false;
+};
+
+// ---------------------------------------------------------------- per-step record, per-band rows
+
+struct StepRecord {
+  int segment = 0;
+  int step = 0;
+  int band = 0;
+  int band_lo = 0, band_hi = 0;
+  dg::KernelKind kernel = dg::KernelKind::kV1;
+  int partition_size = 0;
+  bool captured = false;
+  int max_len = 0;
+  double bytes = 0;  // bytes model, all layers
+  double eager_us = 0;
+  double graph_us = 0;
+  double max_abs_diff = 0;
+  bool bitwise_equal = true;
+};
+
+struct BandRow {
+  int band = 0, band_lo = 0, band_hi = 0;
+  dg::KernelKind kernel = dg::KernelKind::kV1;
+  int partition_size = 0;
+  int steps = 0;           // all steps in the band
+  int timed_steps = 0;     // graph steps that replayed without capturing
+  double eager_p50 = 0, eager_p99 = 0, graph_p50 = 0, graph_p99 = 0;
+  double speedup = 0;      // eager p50 / graph p50
+  double bytes_per_step = 0;
+  double gbs = 0;          // bytes_per_step / graph p50
+  double pct_read_bw = -1; // -1: n/a
+  double max_abs_diff = 0;
+};
+
+std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_bw_gbs) {
+  std::map<std::tuple<int, int, int>, std::vector<const StepRecord*>> groups;
+  for (const auto& r : recs) groups[{r.band, static_cast<int>(r.kernel), r.partition_size}].push_back(&r);
+  std::vector<BandRow> rows;
+  for (const auto& [key, g] : groups) {
+    BandRow row;
+    row.band = g.front()->band;
+    row.band_lo = g.front()->band_lo;
+    row.band_hi = g.front()->band_hi;
+    row.kernel = g.front()->kernel;
+    row.partition_size = g.front()->partition_size;
+    row.steps = static_cast<int>(g.size());
+    std::vector<double> eager, graph;
+    double bytes = 0;
+    for (const auto* r : g) {
+      eager.push_back(r->eager_us);
+      bytes += r->bytes;
+      row.max_abs_diff = std::max(row.max_abs_diff, r->max_abs_diff);
+      if (!r->captured) graph.push_back(r->graph_us);  // a capturing step times the capture, not a replay
+    }
+    row.timed_steps = static_cast<int>(graph.size());
+    row.bytes_per_step = bytes / static_cast<double>(g.size());
+    row.eager_p50 = dgbench::percentile(eager, 50);
+    row.eager_p99 = dgbench::percentile(eager, 99);
+    if (!graph.empty()) {
+      row.graph_p50 = dgbench::percentile(graph, 50);
+      row.graph_p99 = dgbench::percentile(graph, 99);
+      row.speedup = row.graph_p50 > 0 ? row.eager_p50 / row.graph_p50 : 0;
+      row.gbs = row.graph_p50 > 0 ? row.bytes_per_step / (row.graph_p50 * 1e-6) / 1e9 : 0;
+      if (read_bw_gbs > 0) row.pct_read_bw = 100.0 * row.gbs / read_bw_gbs;
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string band_label(int lo, int hi) { return strf("(%d, %d]", lo, hi); }
+
+// ---------------------------------------------------------------- JSON
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (c == '\n') o += "\\n";
+    else if (static_cast<unsigned char>(c) < 0x20) o += strf("\\u%04x", c);
+    else o += c;
+  }
+  return o + "\"";
+}
+std::string json_num(double v) { return std::isfinite(v) ? strf("%.6g", v) : "null"; }
+
+// ---------------------------------------------------------------- the run
+
+struct Tolerance {
+  double atol, rtol;
+};
+/// Host backend: eager (host::) against graph replay (recorded host::) -- the same code, so any
+/// difference beyond rounding of the output dtype is a bug. Also used against the float64 reference.
+Tolerance tolerance_for(dg::DType t) {
+  switch (t) {
+    case dg::DType::kBFloat16: return {2e-2, 2e-2};  // bf16: 8 mantissa bits, eps 7.8e-3
+    case dg::DType::kFloat16: return {4e-3, 4e-3};   // fp16: eps 9.8e-4
+    case dg::DType::kFloat32: return {1e-4, 1e-4};
+  }
+  return {0, 0};
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> given;
+  Options opt = parse_options(argc, argv, given);
+  std::FILE* out = opt.csv ? stderr : stdout;  // with --csv, stdout carries only the CSV table
+
+  // Backend first: the defaults depend on it.
+  dg::BackendKind backend;
+  if (opt.backend == "auto") backend = dg::cuda_device_available() ? dg::BackendKind::kCuda : dg::BackendKind::kHost;
+  else if (opt.backend == "cuda") backend = dg::BackendKind::kCuda;
+  else if (opt.backend == "host") backend = dg::BackendKind::kHost;
+  else usage_error("--backend = '" + opt.backend + "' is invalid; allowed: auto, cuda, host");
+  const bool gpu = backend == dg::BackendKind::kCuda;
+  if (gpu && !dg::cuda_device_available())
+    usage_error(dg::built_with_cuda() ? "--backend cuda: no usable CUDA device is present"
+                                      : "--backend cuda: this build has no CUDA (configure with a CUDA compiler)");
+
+  // Defaults: on the host backend they keep the run within about a minute on 2 CPU cores, yet still
+  // cross four band edges including the V1/V2 threshold at 8192.
+  std::vector<std::string> defaults_used;
+  auto def = [&](const char* flag, const std::string& shown) {
+    if (!was_given(given, flag)) defaults_used.push_back(std::string(flag) + " " + shown);
+  };
+  if (opt.preset.empty()) opt.preset = gpu ? "llama3-8b" : "small";
+  def("--preset", opt.preset);
+  const dgbench::ModelPreset* preset = dgbench::find_preset(opt.preset);
+  if (!preset) usage_error("--preset = '" + opt.preset + "' is invalid; allowed: llama3-8b, llama3-70b-tp8, mha, small");
+  dg::AttentionSpec spec = dgbench::spec_of(*preset);
+  if (opt.q_heads) spec.num_q_heads = opt.q_heads;
+  if (opt.kv_heads) spec.num_kv_heads = opt.kv_heads;
+  if (opt.head_size) spec.head_size = opt.head_size;
+  if (opt.block_size) spec.block_size = opt.block_size;
+  if (!opt.dtype.empty()) spec.dtype = dg::parse_dtype(opt.dtype);
+  if (!opt.layout.empty()) spec.layout = dg::parse_layout(opt.layout);
+  dg::validate_spec(spec);
+  if (!opt.batch) opt.batch = gpu ? 8 : 4;
+  def("--batch", std::to_string(opt.batch));
+  if (!opt.layers) opt.layers = gpu ? 32 : 2;
+  def("--layers", std::to_string(opt.layers));
+  if (!opt.steps) opt.steps = gpu ? 64 : 48;
+  def("--steps", std::to_string(opt.steps));
+  if (opt.start_lens.empty())
+    opt.start_lens = gpu ? "400:480,1990:2030,4040:4090,8150:8180,30000:32000" : "400:480,1990:2030,4070:4090,8170:8180";
+  def("--start-lens", opt.start_lens);
+  def("--backend", opt.backend + " -> " + dg::to_string(backend));
+  def("--partition", opt.partition);
+  def("--threshold", std::to_string(opt.threshold));
+
+  const std::vector<Segment> segments = parse_segments(opt.start_lens, opt.batch);
+  const int bs = spec.block_size;
+  int longest = 0;
+  long long max_blocks_needed = 0;
+  for (const auto& s : segments) {
+    long long blocks = 0;
+    for (int len : s.start) {
+      longest = std::max(longest, len + opt.steps);
+      blocks += (len + opt.steps + bs - 1) / bs;
+    }
+    max_blocks_needed = std::max(max_blocks_needed, blocks);
+  }
+  if (!opt.max_seq_len) {
+    opt.max_seq_len = 1024;
+    while (opt.max_seq_len < longest) opt.max_seq_len *= 2;
+  }
+  def("--max-seq-len", std::to_string(opt.max_seq_len));
+  if (longest > opt.max_seq_len)
+    usage_error(strf("--max-seq-len = %d is below the longest length the run reaches (%d)", opt.max_seq_len, longest));
+  int partition = 0;
+  if (opt.partition != "auto") partition = parse_int("--partition", opt.partition, 1);
+
+  const int num_blocks = static_cast<int>(std::max<long long>(1, max_blocks_needed));
+  const int width = (opt.max_seq_len + bs - 1) / bs;  // block-table row width
+  const std::size_t esize = dg::dtype_size(spec.dtype);
+  const std::size_t cache_elems = static_cast<std::size_t>(num_blocks) * spec.block_elems();
+  const std::size_t qo_elems = static_cast<std::size_t>(opt.batch) * spec.num_q_heads * spec.head_size;
+  const std::size_t kv_row_elems = static_cast<std::size_t>(opt.batch) * spec.num_kv_heads * spec.head_size;
+
+  std::fprintf(out, "decodegraph %s decode_loop\n", dg::version());
+  std::string device_name = "CPU";
+  dgbench::ReadBandwidth rbw;
+#if DECODEGRAPH_HAS_CUDA
+  if (gpu) {
+    int dev = 0;
+    DGB_CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp prop{};
+    DGB_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    device_name = prop.name;
+    rbw = dgbench::measure_read_bandwidth(dgbench::default_bandwidth_buffer_bytes(), 20);
+    std::fprintf(out, "backend: cuda on %s (%d SMs); timings are GPU wall-clock per step (host launch + device)\n",
+                 prop.name, prop.multiProcessorCount);
+    std::fprintf(out, "measured read bandwidth: %.0f GB/s (median of %d streaming reads of %s; best %.0f GB/s)\n",
+                 rbw.median_gbs, rbw.iterations, dgbench::format_bytes(static_cast<double>(rbw.buffer_bytes)).c_str(),
+                 rbw.best_gbs);
+  }
+#endif
+  if (!gpu) {
+    std::fprintf(out,
+                 "backend: host (%s). All timings are CPU timings of the host backend, NOT GPU timings;\n"
+                 "GB/s against device bandwidth is not applicable (n/a). Graph replay and eager run the\n"
+                 "same host implementation here, so expect a speedup near 1.0x.\n",
+                 dg::cuda_device_available() ? "chosen with --backend host" : "no CUDA device present");
+  }
+  if (!defaults_used.empty()) {
+    std::fprintf(out, "defaults used:");
+    for (const auto& d : defaults_used) std::fprintf(out, " %s;", d.c_str());
+    std::fprintf(out, "\n");
+  }
+  std::fprintf(out,
+               "shape: %d q heads, %d kv heads, head %d, block %d, %s, layout %s; batch %d, %d layers, %d "
+               "steps x %zu segments\n",
+               spec.num_q_heads, spec.num_kv_heads, spec.head_size, spec.block_size, dg::to_string(spec.dtype),
+               dg::to_string(spec.layout), opt.batch, opt.layers, opt.steps, segments.size());
+  std::fprintf(out, "KV cache: %d blocks x %d layers = %s\n\n", num_blocks, opt.layers,
+               dgbench::format_bytes(2.0 * static_cast<double>(cache_elems * esize) * opt.layers).c_str());
+
+  // Caches, random and never zero.
+  std::vector<Buffer> k_caches, v_caches, eager_out;
+  for (int l = 0; l < opt.layers; ++l) {
+    k_caches.emplace_back(gpu, cache_elems * esize);
+    v_caches.emplace_back(gpu, cache_elems * esize);
+    eager_out.emplace_back(gpu, qo_elems * esize);
+  }
+  auto fill = [&](void* p, std::size_t n, std::uint64_t seed) {
+#if DECODEGRAPH_HAS_CUDA
+    if (gpu) {
+      dgbench::fill_random_device(spec.dtype, p, n, seed, nullptr);
+      return;
+    }
+#endif
+    dgbench::fill_random_host(spec.dtype, p, n, seed);
+  };
+  for (int l = 0; l < opt.layers; ++l) {
+    fill(k_caches[l].get(), cache_elems, opt.seed * 1000 + 2 * l);
+    fill(v_caches[l].get(), cache_elems, opt.seed * 1000 + 2 * l + 1);
+  }
+#if DECODEGRAPH_HAS_CUDA
+  if (gpu) DGB_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+
+  dg::ExecutorConfig cfg;
+  cfg.spec = spec;
+  cfg.num_layers = opt.layers;
+  for (int l = 0; l < opt.layers; ++l) {
+    dg::LayerBuffers lb;
+    lb.k_cache = k_caches[l].get();
+    lb.v_cache = v_caches[l].get();
+    cfg.layers.push_back(lb);
+  }
+  cfg.max_batch = opt.batch;
+  cfg.max_seq_len = opt.max_seq_len;
+  cfg.num_blocks = num_blocks;
+  cfg.max_blocks_per_seq = width;
+  cfg.v2_threshold = opt.threshold;
+  cfg.partition_size = partition;
+  cfg.capture = dg::CapturePolicy::kLazy;
+  cfg.backend = backend;
+  cfg.append_kv = true;
+  dg::Executor ex(cfg);
+  const dg::Stream stream = ex.stream();
+
+  std::fprintf(out, "plan (every bucket; this run uses batch bucket %d):\n%s\n", opt.batch, ex.plan_table().c_str());
+
+  // Eager-side buffers: staged inputs and V2 workspace sized for the largest plan.
+  Buffer d_lens(gpu, sizeof(int32_t) * opt.batch), d_tables(gpu, sizeof(int32_t) * opt.batch * width),
+      d_slots(gpu, sizeof(int64_t) * opt.batch);
+  std::size_t ws_bytes = 0;
+  for (const auto& p : ex.plans())
+    if (p.kernel == dg::KernelKind::kV2)
+      ws_bytes = std::max(ws_bytes, dg::v2_workspace_size(spec, opt.batch, p.band_hi, p.partition_size));
+  Buffer workspace(gpu, ws_bytes);
+  HostArray<int32_t> lens(gpu, opt.batch), tables(gpu, static_cast<std::size_t>(opt.batch) * width);
+  HostArray<int64_t> slots(gpu, opt.batch);
+  std::vector<unsigned char> host_graph_out(qo_elems * esize), host_eager_out(qo_elems * esize);
+
+  auto sync = [&]() {
+#if DECODEGRAPH_HAS_CUDA
+    if (gpu) DGB_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+#endif
+  };
+  auto to_device_async = [&](void* dst, const void* src, std::size_t bytes) {
+#if DECODEGRAPH_HAS_CUDA
+    if (gpu) {
+      DGB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, reinterpret_cast<cudaStream_t>(stream)));
+      return;
+    }
+#endif
+    std::memcpy(dst, src, bytes);
+  };
+  auto to_host = [&](void* dst, const void* src, std::size_t bytes) {
+#if DECODEGRAPH_HAS_CUDA
+    if (gpu) {
+      DGB_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+      return;
+    }
+#endif
+    std::memcpy(dst, src, bytes);
+  };
+  auto fill_async = [&](void* p, std::size_t n, std::uint64_t seed) {
+#if DECODEGRAPH_HAS_CUDA
+    if (gpu) {
+      dgbench::fill_random_device(spec.dtype, p, n, seed, reinterpret_cast<cudaStream_t>(stream));
+      return;
+    }
+#endif
+    dgbench::fill_random_host(spec.dtype, p, n, seed);
+  };
+  using Clock = std::chrono::steady_clock;
+  auto us_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  };
+
+  const Tolerance tol = tolerance_for(spec.dtype);
+  std::vector<StepRecord> recs;
+  std::vector<std::string> mismatches;
+  long mismatch_steps = 0;
+  int ref_checks = 0;
+  double ref_max_err = 0;
+  bool ref_failed = false;
+  std::mt19937_64 rng(opt.seed);
+  Progress progress(opt.progress, static_cast<long>(segments.size()) * opt.steps);
+  const auto run_start = Clock::now();
+  double capture_wall_ms = 0;
+
+  for (std::size_t si = 0; si < segments.size(); ++si) {
+    const Segment& seg = segments[si];
+    // A fresh shuffled free list per segment: block tables are scattered, as in a real cache.
+    std::vector<int32_t> free_blocks(static_cast<std::size_t>(num_blocks));
+    std::iota(free_blocks.begin(), free_blocks.end(), 0);
+    std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+    std::size_t next_free = 0;
+    std::vector<int> allocated(static_cast<std::size_t>(opt.batch), 0);
+    std::fill(tables.data(), tables.data() + tables.size(), 0);
+    for (int i = 0; i < opt.batch; ++i) {
+      lens[i] = seg.start[i];
+      const int need = (seg.start[i] + bs - 1) / bs;
+      for (int b = 0; b < need; ++b) tables[static_cast<std::size_t>(i) * width + b] = free_blocks[next_free++];
+      allocated[i] = need;
+    }
+    int last_band = -1;
+    for (int st = 0; st < opt.steps; ++st) {
+      // Grow every sequence by one token; a token that starts a block gets a new block.
+      int max_len = 0;
+      for (int i = 0; i < opt.batch; ++i) {
+        const int pos = lens[i];
+        const int blk = pos / bs;
+        if (blk >= allocated[i]) {
+          tables[static_cast<std::size_t>(i) * width + blk] = free_blocks[next_free++];
+          allocated[i] = blk + 1;
+        }
+        slots[i] = static_cast<int64_t>(tables[static_cast<std::size_t>(i) * width + blk]) * bs + pos % bs;
+        lens[i] = pos + 1;
+        max_len = std::max(max_len, pos + 1);
+      }
+      // This step's q and new K/V (what the model's projections would produce), random per step.
+      const std::uint64_t step_seed = opt.seed * 7919 + si * 100003 + static_cast<std::uint64_t>(st) * 31;
+      for (int l = 0; l < opt.layers; ++l) {
+        fill_async(ex.query(l), qo_elems, step_seed + 3 * l);
+        fill_async(ex.new_key(l), kv_row_elems, step_seed + 3 * l + 1);
+        fill_async(ex.new_value(l), kv_row_elems, step_seed + 3 * l + 2);
+      }
+      sync();
+
+      // Graph: validate, bucket, stage, replay (capture first when the bucket is new).
+      dg::StepInputs in;
+      in.num_seqs = opt.batch;
+      in.seq_lens = lens.data();
+      in.block_tables = tables.data();
+      in.block_table_stride = width;
+      in.slot_mapping = slots.data();
+      in.space = dg::MemorySpace::kHost;
+      auto t0 = Clock::now();
+      const dg::StepResult r = ex.step(in);
+      sync();
+      const double graph_us = us_since(t0);
+      if (r.captured) capture_wall_ms += graph_us / 1000.0;
+
+      // Eager: the same work launched call by call, with the plan's kernel and partition size. It
+      // appends the same K/V into the same slots (idempotent), so both see identical caches.
+      t0 = Clock::now();
+      to_device_async(d_lens.get(), lens.data(), sizeof(int32_t) * opt.batch);
+      to_device_async(d_tables.get(), tables.data(), sizeof(int32_t) * opt.batch * width);
+      to_device_async(d_slots.get(), slots.data(), sizeof(int64_t) * opt.batch);
+      for (int l = 0; l < opt.layers; ++l) {
+        dg::AppendArgs ap;
+        ap.spec = spec;
+        ap.num_tokens = opt.batch;
+        ap.num_blocks = num_blocks;
+        ap.key = ex.new_key(l);
+        ap.value = ex.new_value(l);
+        ap.k_cache = k_caches[l].get();
+        ap.v_cache = v_caches[l].get();
+        ap.slot_mapping = static_cast<const int64_t*>(d_slots.get());
+        dg::DecodeArgs a;
+        a.spec = spec;
+        a.num_seqs = opt.batch;
+        a.max_seq_len = max_len;  // what an eager caller knows; the graph uses its band's upper edge
+        a.block_table_stride = width;
+        a.num_blocks = num_blocks;
+        a.q = ex.query(l);
+        a.out = eager_out[l].get();
+        a.k_cache = k_caches[l].get();
+        a.v_cache = v_caches[l].get();
+        a.block_tables = static_cast<const int32_t*>(d_tables.get());
+        a.seq_lens = static_cast<const int32_t*>(d_lens.get());
+        a.host_seq_lens = lens.data();
+        if (gpu) {
+          dg::append_kv(ap, stream);
+          if (r.kernel == dg::KernelKind::kV1) dg::paged_attention_v1(a, stream);
+          else dg::paged_attention_v2(a, r.partition_size, workspace.get(), workspace.bytes(), stream);
+        } else {
+          dg::host::append_kv(ap);
+          if (r.kernel == dg::KernelKind::kV1) dg::host::paged_attention_v1(a);
+          else dg::host::paged_attention_v2(a, r.partition_size, workspace.get(), workspace.bytes());
+        }
+      }
+      sync();
+      const double eager_us = us_since(t0);
+
+      StepRecord rec;
+      rec.segment = static_cast<int>(si);
+      rec.step = st;
+      rec.band = r.band;
+      rec.band_hi = r.band_hi;
+      rec.kernel = r.kernel;
+      rec.partition_size = r.partition_size;
+      rec.captured = r.captured;
+      rec.max_len = max_len;
+      rec.eager_us = eager_us;
+      rec.graph_us = graph_us;
+      rec.bytes = opt.layers * dgbench::attention_bytes(spec, lens.data(), opt.batch, r.kernel, r.partition_size);
+      for (const auto& p : ex.plans())
+        if (p.band == r.band) rec.band_lo = p.band_lo;
+
+      if (opt.check) {
+        for (int l = 0; l < opt.layers; ++l) {
+          to_host(host_graph_out.data(), ex.output(l), qo_elems * esize);
+          to_host(host_eager_out.data(), eager_out[l].get(), qo_elems * esize);
+          const bool same = std::memcmp(host_graph_out.data(), host_eager_out.data(), qo_elems * esize) == 0;
+          double worst = 0;
+          std::size_t worst_i = 0;
+          bool out_of_tol = false;
+          for (std::size_t i = 0; i < qo_elems && !same; ++i) {
+            const double g = dg::load_as_float(spec.dtype, host_graph_out.data(), i);
+            const double e = dg::load_as_float(spec.dtype, host_eager_out.data(), i);
+            const double d = std::isnan(g) || std::isnan(e) ? INFINITY : std::fabs(g - e);
+            if (d > worst) worst = d, worst_i = i;
+            if (d > tol.atol + tol.rtol * std::fabs(e)) out_of_tol = true;
+          }
+          rec.bitwise_equal = rec.bitwise_equal && same;
+          rec.max_abs_diff = std::max(rec.max_abs_diff, worst);
+          const bool bad = gpu ? !same : out_of_tol;
+          if (bad) {
+            if (mismatches.size() < 5)
+              mismatches.push_back(strf("segment %zu step %d layer %d (%s, band %s): graph and eager differ; max "
+                                        "|diff| %.3g at element %zu%s",
+                                        si, st, l, dg::to_string(r.kernel), band_label(rec.band_lo, r.band_hi).c_str(),
+                                        worst, worst_i, gpu ? " (bitwise equality required on GPU)" : ""));
+            ++mismatch_steps;
+          }
+        }
+        // Host backend: also against the float64 reference, on each segment's first step and at every
+        // band change (cheap enough there; on GPU the test suites do this).
+        if (!gpu && (st == 0 || r.band != last_band)) {
+          dg::DecodeArgs a;
+          a.spec = spec;
+          a.num_seqs = opt.batch;
+          a.max_seq_len = max_len;
+          a.block_table_stride = width;
+          a.num_blocks = num_blocks;
+          a.q = ex.query(0);
+          a.out = ex.output(0);  // validated as an argument; the reference writes only ref
+          a.k_cache = k_caches[0].get();
+          a.v_cache = v_caches[0].get();
+          a.block_tables = tables.data();
+          a.seq_lens = lens.data();
+          std::vector<double> ref(qo_elems);
+          dg::reference::paged_attention(a, ref.data());
+          for (std::size_t i = 0; i < qo_elems; ++i) {
+            const double g = dg::load_as_float(spec.dtype, ex.output(0), i);
+            const double d = std::isnan(g) ? INFINITY : std::fabs(g - ref[i]);
+            ref_max_err = std::max(ref_max_err, d);
+            if (d > tol.atol + tol.rtol * std::fabs(ref[i])) ref_failed = true;
+          }
+          ++ref_checks;
+        }
+      }
+      last_band = r.band;
+      recs.push_back(rec);
+      progress.update(static_cast<long>(recs.size()),
+                      strf("len %d %s", max_len, dg::to_string(r.kernel)));
+    }
+  }
+  progress.finish();
+  const double run_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+
+  // ---------------------------------------------------------------- report
+  const double bw = gpu ? rbw.median_gbs : 0;
+  const std::vector<BandRow> rows = band_rows(recs, bw);
+  std::vector<std::vector<std::string>> table = {{"band", "kernel", "P", "steps", "eager p50 us", "eager p99 us",
+                                                  "graph p50 us", "graph p99 us", "speedup", "GB/s", "% read bw"}};
+  for (const auto& b : rows) {
+    const bool timed = b.timed_steps > 0;
+    table.push_back({band_label(b.band_lo, b.band_hi), dg::to_string(b.kernel),
+                     b.kernel == dg::KernelKind::kV2 ? std::to_string(b.partition_size) : "-",
+                     b.timed_steps == b.steps ? std::to_string(b.steps) : strf("%d (%d)", b.steps, b.timed_steps),
+                     strf("%.1f", b.eager_p50), strf("%.1f", b.eager_p99), timed ? strf("%.1f", b.graph_p50) : "-",
+                     timed ? strf("%.1f", b.graph_p99) : "-", timed ? strf("%.2fx", b.speedup) : "-",
+                     timed ? strf("%.1f", b.gbs) : "-", b.pct_read_bw >= 0 ? strf("%.1f%%", b.pct_read_bw) : "n/a"});
+  }
+  std::fprintf(out, "per band (batch bucket %d, %d layers; %s):\n", opt.batch, opt.layers,
+               gpu ? "GPU wall-clock per step, host launch through device completion"
+                   : "CPU timings of the host backend");
+  std::fprintf(out, "%s", dgbench::format_table(table).c_str());
+  std::fprintf(out,
+               "  steps \"N (M)\": M of N steps timed for graph; the others captured the bucket's graph (see "
+               "captures below).\n"
+               "  GB/s = bytes per step by DESIGN.md's bytes model (K+V read, q, out, V2 partials) / graph p50.\n");
+  if (!gpu) std::fprintf(out, "  %% read bw: n/a on the host backend (no device bandwidth to compare with).\n");
+  if (opt.csv) {
+    std::printf("band_lo,band_hi,kernel,partition_size,steps,timed_steps,eager_p50_us,eager_p99_us,graph_p50_us,"
+                "graph_p99_us,speedup,bytes_per_step,gbs,pct_read_bw\n");
+    for (const auto& b : rows)
+      std::printf("%d,%d,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.0f,%.3f,%s\n", b.band_lo, b.band_hi,
+                  dg::to_string(b.kernel), b.partition_size, b.steps, b.timed_steps, b.eager_p50, b.eager_p99,
+                  b.graph_p50, b.graph_p99, b.speedup, b.bytes_per_step, b.gbs,
+                  b.pct_read_bw >= 0 ? strf("%.2f", b.pct_read_bw).c_str() : "n/a");
+  }
+
+  const dg::ExecutorStats stats = ex.stats();
+  const dg::MemoryReport mem = ex.memory();
+  std::vector<std::vector<std::string>> ctable = {
+      {"bucket", "band", "captures", "replays", "nodes", "capture ms", "instantiate ms"}};
+  double cap_ms = 0, inst_ms = 0;
+  for (const auto& g : stats.graphs) {
+    std::string band = std::to_string(g.band);
+    for (const auto& p : ex.plans())
+      if (p.band == g.band) band = band_label(p.band_lo, p.band_hi);
+    ctable.push_back({std::to_string(g.batch), band, std::to_string(g.captures), std::to_string(g.replays),
+                      std::to_string(g.nodes), strf("%.2f", g.capture_ms), strf("%.2f", g.instantiate_ms)});
+    cap_ms += g.capture_ms;
+    inst_ms += g.instantiate_ms;
+  }
+  std::fprintf(out, "\ncaptures: %d graphs, capture %.2f ms + instantiate %.2f ms in total (%.2f ms wall in the "
+               "capturing steps)\n%s",
+               stats.total_captures, cap_ms, inst_ms, capture_wall_ms, dgbench::format_table(ctable).c_str());
+  std::fprintf(out, "memory: static buffers %s, V2 workspace %s, graphs %s, total %s%s\n",
+               dgbench::format_bytes(static_cast<double>(mem.static_buffers)).c_str(),
+               dgbench::format_bytes(static_cast<double>(mem.workspace)).c_str(),
+               dgbench::format_bytes(static_cast<double>(mem.graphs)).c_str(),
+               dgbench::format_bytes(static_cast<double>(mem.total())).c_str(),
+               gpu ? "" : " (host memory; graphs: n/a on host)");
+  std::fprintf(out, "steps: %lld replayed (%lld V1, %lld V2), %lld rejected\n", stats.steps,
+               stats.replays(dg::KernelKind::kV1), stats.replays(dg::KernelKind::kV2), stats.rejected_steps);
+
+  int bitwise_steps = 0;
+  double max_diff = 0;
+  for (const auto& r : recs) {
+    bitwise_steps += r.bitwise_equal ? 1 : 0;
+    max_diff = std::max(max_diff, r.max_abs_diff);
+  }
+  if (opt.check) {
+    std::fprintf(out, "check: eager vs graph over %zu steps x %d layers: %d steps bitwise equal, max |diff| %.3g (%s)\n",
+                 recs.size(), opt.layers, bitwise_steps, max_diff,
+                 gpu ? "bitwise equality required" : strf("tolerance atol %.0e rtol %.0e", tol.atol, tol.rtol).c_str());
+    if (!gpu)
+      std::fprintf(out, "check: graph vs float64 reference (layer 0) at %d steps: max |err| %.3g (%s)\n", ref_checks,
+                   ref_max_err, ref_failed ? "OUT OF TOLERANCE" : "within tolerance");
+  } else {
+    std::fprintf(out, "check: skipped (--no-check)\n");
+  }
+  std::fprintf(out, "wall time of the loop: %.1f s\n", run_s);
+
+  if (!opt.json_path.empty()) {
+    std::ofstream js(opt.json_path);
+    if (!js) usage_error("--json: cannot write '" + opt.json_path + "'");
+    js << "{\n  \"program\": \"decode_loop\",\n  \"version\": " << json_str(dg::version()) << ",\n";
+    js << "  \"backend\": " << json_str(dg::to_string(backend)) << ",\n  \"device\": " << json_str(device_name)
+       << ",\n  \"timing\": " << json_str(gpu ? "gpu-wallclock" : "cpu-host-backend") << ",\n";
+    js << "  \"read_bandwidth_gbs\": " << (gpu ? json_num(rbw.median_gbs) : "null") << ",\n";
+    js << "  \"config\": {\"preset\": " << json_str(opt.preset) << ", \"q_heads\": " << spec.num_q_heads
+       << ", \"kv_heads\": " << spec.num_kv_heads << ", \"head_size\": " << spec.head_size
+       << ", \"block_size\": " << spec.block_size << ", \"dtype\": " << json_str(dg::to_string(spec.dtype))
+       << ", \"layout\": " << json_str(dg::to_string(spec.layout)) << ", \"batch\": " << opt.batch
+       << ", \"layers\": " << opt.layers << ", \"steps\": " << opt.steps
+       << ", \"start_lens\": " << json_str(opt.start_lens) << ", \"max_seq_len\": " << opt.max_seq_len
+       << ", \"threshold\": " << opt.threshold << ", \"partition\": " << json_str(opt.partition)
+       << ", \"seed\": " << opt.seed << "},\n";
+    js << "  \"defaults_used\": [";
+    for (std::size_t i = 0; i < defaults_used.size(); ++i) js << (i ? ", " : "") << json_str(defaults_used[i]);
+    js << "],\n  \"plan_table\": " << json_str(ex.plan_table()) << ",\n  \"bands\": [\n";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto& b = rows[i];
+      js << "    {\"band\": " << b.band << ", \"band_lo\": " << b.band_lo << ", \"band_hi\": " << b.band_hi
+         << ", \"kernel\": " << json_str(dg::to_string(b.kernel)) << ", \"partition_size\": " << b.partition_size
+         << ", \"steps\": " << b.steps << ", \"timed_steps\": " << b.timed_steps
+         << ", \"eager_p50_us\": " << json_num(b.eager_p50) << ", \"eager_p99_us\": " << json_num(b.eager_p99)
+         << ", \"graph_p50_us\": " << (b.timed_steps ? json_num(b.graph_p50) : "null")
+         << ", \"graph_p99_us\": " << (b.timed_steps ? json_num(b.graph_p99) : "null")
+         << ", \"speedup\": " << (b.timed_steps ? json_num(b.speedup) : "null")
+         << ", \"bytes_per_step\": " << json_num(b.bytes_per_step) << ", \"gbs\": " << json_num(b.gbs)
+         << ", \"pct_read_bw\": " << (b.pct_read_bw >= 0 ? json_num(b.pct_read_bw) : "null")
+         << ", \"max_abs_diff\": " << json_num(b.max_abs_diff) << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+    }
+    js << "  ],\n  \"captures\": {\"total\": " << stats.total_captures << ", \"capture_ms\": " << json_num(cap_ms)
+       << ", \"instantiate_ms\": " << json_num(inst_ms) << ", \"graphs\": [";
+    for (std::size_t i = 0; i < stats.graphs.size(); ++i) {
+      const auto& g = stats.graphs[i];
+      js << (i ? ", " : "") << "{\"batch\": " << g.batch << ", \"band\": " << g.band << ", \"captures\": " << g.captures
+         << ", \"replays\": " << g.replays << ", \"nodes\": " << g.nodes << ", \"capture_ms\": " << json_num(g.capture_ms)
+         << ", \"instantiate_ms\": " << json_num(g.instantiate_ms) << "}";
+    }
+    js << "]},\n  \"memory\": {\"static_buffers\": " << mem.static_buffers << ", \"workspace\": " << mem.workspace
+       << ", \"graphs\": " << mem.graphs << ", \"total\": " << mem.total() << "},\n";
+    js << "  \"check\": {\"enabled\": " << (opt.check ? "true" : "false") << ", \"mismatch_steps\": " << mismatch_steps
+       << ", \"bitwise_equal_steps\": " << bitwise_steps << ", \"max_abs_diff\": " << json_num(max_diff)
+       << ", \"reference_checks\": " << ref_checks << ", \"reference_max_err\": " << json_num(ref_max_err) << "},\n";
+    js << "  \"wall_s\": " << json_num(run_s) << ",\n  \"steps\": [\n";
+    for (std::size_t i = 0; i < recs.size(); ++i) {
+      const auto& r = recs[i];
+      js << "    {\"segment\": " << r.segment << ", \"step\": " << r.step << ", \"band\": " << r.band
+         << ", \"kernel\": " << json_str(dg::to_string(r.kernel)) << ", \"partition_size\": " << r.partition_size
+         << ", \"captured\": " << (r.captured ? "true" : "false") << ", \"max_len\": " << r.max_len
+         << ", \"bytes\": " << json_num(r.bytes) << ", \"eager_us\": " << json_num(r.eager_us)
+         << ", \"graph_us\": " << json_num(r.graph_us) << "}" << (i + 1 < recs.size() ? "," : "") << "\n";
+    }
+    js << "  ]\n}\n";
+    if (!js) usage_error("--json: writing '" + opt.json_path + "' failed");
+    std::fprintf(out, "json: %s\n", opt.json_path.c_str());
+  }
+
+  if (mismatch_steps > 0 || ref_failed) {
+    std::fprintf(stderr, "\nFAILED: %ld layer-steps where eager and graph outputs disagree%s\n", mismatch_steps,
+                 ref_failed ? "; graph output out of tolerance against the float64 reference" : "");
+    for (const auto& m : mismatches) std::fprintf(stderr, "  %s\n", m.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const dg::Error& e) {
+    std::fprintf(stderr, "decode_loop: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decode_loop: unexpected error: %s\n", e.what());
+    return 2;
+  }
+}
