@@ -1,0 +1,59 @@
+// Helpers shared by the libFuzzer targets: zeroed KV caches for a config, a check that aborts with a
+// message (a finding), and the float64 comparison of a finished host step.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "decodegraph/attention.hpp"
+#include "decodegraph/error.hpp"
+#include "decodegraph/executor.hpp"
+#include "decodegraph/numeric.hpp"
+
+namespace dgfuzz {
+
+using namespace decodegraph;
+
+/// An invariant broke: report and abort so libFuzzer records the input.
+[[noreturn]] inline void finding(const char* what, long long a = 0, long long b = 0) {
+  std::fprintf(stderr, "FUZZ FINDING: %s (%lld, %lld)\n", what, a, b);
+  std::abort();
+}
+inline void check(bool ok, const char* what, long long a = 0, long long b = 0) {
+  if (!ok) finding(what, a, b);
+}
+
+/// 16-byte aligned zeroed storage.
+struct Storage {
+  std::vector<std::uint64_t> words;
+  explicit Storage(std::size_t bytes = 0) : words(bytes / 8 + 2, 0) {}
+  void* data() { return words.data(); }
+};
+
+/// |out - ref| <= atol + rtol*|ref| with the per-dtype tolerances of tests/reliability (|v| <= 1,
+/// fp32 accumulation; fp16/bf16 add one output rounding).
+inline bool close(DType dt, double out, double ref) {
+  const double atol = dt == DType::kFloat32 ? 2e-5 : dt == DType::kFloat16 ? 2e-3 : 1e-2;
+  const double rtol = atol == 2e-5 ? 1e-4 : atol;
+  return std::fabs(out - ref) <= atol + rtol * std::fabs(ref);
+}
+
+/// Compares rows [0, num_seqs) of out (dtype) with the float64 reference over the same arguments.
+inline void check_against_reference(const DecodeArgs& args, const void* out, const char* what) {
+  const std::size_t row = static_cast<std::size_t>(args.spec.num_q_heads) * args.spec.head_size;
+  std::vector<double> ref(args.num_seqs * row, 0.0);
+  reference::paged_attention(args, ref.data());
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double o = load_as_float(args.spec.dtype, out, i);
+    if (!close(args.spec.dtype, o, ref[i])) {
+      std::fprintf(stderr, "element %zu: out %.8g ref %.8g\n", i, o, ref[i]);
+      finding(what, static_cast<long long>(i / row), static_cast<long long>(i % row));
+    }
+  }
+}
+
+}  // namespace dgfuzz
