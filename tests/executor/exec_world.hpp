@@ -1,0 +1,181 @@
+// A small decode world for executor tests: per-layer paged KV caches (host memory for the host
+// backend), sequences with distinct blocks, step inputs (lengths, block tables, slot mapping), random
+// q / new K / new V written into the executor's buffers, and the float64 reference of each layer.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "decodegraph/attention.hpp"
+#include "decodegraph/executor.hpp"
+#include "kernels/decode_math.hpp"
+#include "test_util.hpp"
+
+namespace dgtest {
+
+using namespace decodegraph;
+
+/// Per-dtype tolerances: output rounding to the dtype (rtol ~ half-ulp) plus fp32 accumulation
+/// slack for outputs near zero (atol); inputs in [-1, 1].
+struct Tol {
+  double atol, rtol;
+};
+inline Tol tol_for(DType d) {
+  switch (d) {
+    case DType::kFloat32: return {2e-5, 1e-4};    // fp32 accumulation over up to ~8K tokens
+    case DType::kFloat16: return {1e-3, 2e-3};    // half-ulp 4.9e-4 relative
+    case DType::kBFloat16: return {8e-3, 1.6e-2};  // half-ulp 3.9e-3 relative
+  }
+  return {0, 0};
+}
+
+struct World {
+  AttentionSpec spec;
+  int num_layers = 1;
+  int num_blocks = 0;
+  int stride = 0;  // block-table row width of the caller's tables
+  std::vector<Buffer> k, v;
+  std::mt19937_64 rng;
+
+  // Current step inputs.
+  std::vector<int32_t> lens, tables;
+  std::vector<int64_t> slots;
+  // Each sequence's blocks (distinct across sequences, fixed for the world's lifetime).
+  std::vector<std::vector<int32_t>> seq_blocks;
+
+  World(AttentionSpec s, int layers, int max_seqs, int max_len, uint64_t seed = 1)
+      : spec(s), num_layers(layers), rng(seed) {
+    stride = (max_len + s.block_size - 1) / s.block_size;
+    num_blocks = max_seqs * stride + 3;  // a few blocks nobody owns
+    const std::size_t elems = static_cast<std::size_t>(num_blocks) * s.block_elems();
+    for (int l = 0; l < layers; ++l) {
+      k.push_back(make_buffer(s.dtype, elems));
+      v.push_back(make_buffer(s.dtype, elems));
+      fill_uniform(s.dtype, k.back().data(), elems, rng);
+      fill_uniform(s.dtype, v.back().data(), elems, rng);
+    }
+    std::vector<int32_t> ids(num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    seq_blocks.resize(max_seqs);
+    for (int i = 0; i < max_seqs; ++i)
+      seq_blocks[i].assign(ids.begin() + i * stride, ids.begin() + (i + 1) * stride);
+  }
+
+  ExecutorConfig config(int max_batch, int max_seq_len) {
+    ExecutorConfig c;
+    c.spec = spec;
+    c.num_layers = num_layers;
+    for (int l = 0; l < num_layers; ++l) {
+      LayerBuffers lb;
+      lb.k_cache = k[l].data();
+      lb.v_cache = v[l].data();
+      c.layers.push_back(lb);
+    }
+    c.max_batch = max_batch;
+    c.max_seq_len = max_seq_len;
+    c.num_blocks = num_blocks;
+    c.backend = BackendKind::kHost;
+    c.validation = ValidationLevel::kFull;
+    return c;
+  }
+
+  /// Step inputs for sequences 0..n-1 with these lengths; the new token of sequence i goes to
+  /// position len-1 of its own blocks.
+  void set_lens(const std::vector<int>& new_lens) {
+    const int n = static_cast<int>(new_lens.size());
+    lens.assign(new_lens.begin(), new_lens.end());
+    tables.assign(static_cast<std::size_t>(n) * stride, -7);  // unused entries hold junk
+    slots.resize(n);
+    for (int i = 0; i < n; ++i) {
+      const int used = (lens[i] + spec.block_size - 1) / spec.block_size;
+      for (int j = 0; j < used; ++j) tables[static_cast<std::size_t>(i) * stride + j] = seq_blocks[i][j];
+      const int pos = lens[i] - 1;
+      slots[i] = static_cast<int64_t>(seq_blocks[i][pos / spec.block_size]) * spec.block_size +
+                 pos % spec.block_size;
+    }
+  }
+
+  StepInputs inputs() const {
+    StepInputs in;
+    in.num_seqs = static_cast<int>(lens.size());
+    in.seq_lens = lens.data();
+    in.block_tables = tables.data();
+    in.block_table_stride = stride;
+    in.slot_mapping = slots.data();
+    return in;
+  }
+
+  std::size_t q_elems(int n) const { return static_cast<std::size_t>(n) * spec.num_q_heads * spec.head_size; }
+  std::size_t kv_elems(int n) const { return static_cast<std::size_t>(n) * spec.num_kv_heads * spec.head_size; }
+
+  /// Random q and new K/V for the live rows of every layer, written into the executor's buffers.
+  void fill_step(Executor& ex) {
+    const int n = static_cast<int>(lens.size());
+    for (int l = 0; l < num_layers; ++l) {
+      fill_uniform(spec.dtype, ex.query(l), q_elems(n), rng);
+      fill_uniform(spec.dtype, ex.new_key(l), kv_elems(n), rng);
+      fill_uniform(spec.dtype, ex.new_value(l), kv_elems(n), rng);
+    }
+  }
+
+  /// float64 reference of layer l over the current inputs (after the step's append).
+  std::vector<double> reference(int l, const void* q, const float* alibi = nullptr) const {
+    const int n = static_cast<int>(lens.size());
+    DecodeArgs a;
+    a.spec = spec;
+    a.num_seqs = n;
+    a.max_seq_len = *std::max_element(lens.begin(), lens.end());
+    a.block_table_stride = stride;
+    a.num_blocks = num_blocks;
+    a.q = q;
+    a.out = const_cast<void*>(q);  // not written by the reference; validation wants a pointer
+    a.k_cache = k[l].data();
+    a.v_cache = v[l].data();
+    a.block_tables = tables.data();
+    a.seq_lens = lens.data();
+    a.alibi_slopes = alibi;
+    std::vector<double> ref(q_elems(n), 0.0);
+    reference::paged_attention(a, ref.data());
+    return ref;
+  }
+
+  ::testing::AssertionResult check_layer(Executor& ex, int l, const float* alibi = nullptr) const {
+    const std::vector<double> ref = reference(l, ex.query(l), alibi);
+    const Tol t = tol_for(spec.dtype);
+    return check_close(spec.dtype, ex.output(l), ref.data(), static_cast<int>(lens.size()),
+                       spec.num_q_heads, spec.head_size, t.atol, t.rtol);
+  }
+
+  /// Cache element offsets of the new token of sequence i: compares K and V with new_key/new_value.
+  ::testing::AssertionResult check_appended(Executor& ex, int l) const {
+    const int x = math::vllm_x(static_cast<int>(dtype_size(spec.dtype)));
+    for (std::size_t i = 0; i < lens.size(); ++i) {
+      const int64_t slot = slots[i];
+      const int64_t block = slot / spec.block_size;
+      const int tok = static_cast<int>(slot % spec.block_size);
+      for (int h = 0; h < spec.num_kv_heads; ++h)
+        for (int d = 0; d < spec.head_size; ++d) {
+          const std::size_t src = (i * spec.num_kv_heads + h) * spec.head_size + d;
+          const int64_t ko = math::k_offset(spec.layout, block, h, tok, d, spec.num_kv_heads, spec.head_size,
+                                            spec.block_size, x);
+          const int64_t vo = math::v_offset(spec.layout, block, h, tok, d, spec.num_kv_heads, spec.head_size,
+                                            spec.block_size);
+          const float ek = load_as_float(spec.dtype, ex.new_key(l), src);
+          const float ev = load_as_float(spec.dtype, ex.new_value(l), src);
+          const float gk = load_as_float(spec.dtype, k[l].data(), ko);
+          const float gv = load_as_float(spec.dtype, v[l].data(), vo);
+          if (gk != ek || gv != ev)
+            return ::testing::AssertionFailure() << "layer " << l << " seq " << i << " head " << h << " d " << d
+                                                 << ": cache K " << gk << " V " << gv << ", appended K " << ek
+                                                 << " V " << ev;
+        }
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+}  // namespace dgtest
