@@ -336,6 +336,10 @@ void launch_paged_decode(DecodeParams p, bool write_partials, cudaStream_t strea
   p.heads_per_block = gy;
   p.head_chunks = (p.group_size + gy - 1) / gy;
   const int threads = cmax(Pol::kMinThreads, Pol::kLanes * gy);
+  // Grid y and z are limited to 65535 blocks.
+  require(p.num_seqs <= 65535, "num_seqs", p.num_seqs, "at most 65535 per launch");
+  require(p.num_kv_heads * p.head_chunks <= 65535, "num_kv_heads", p.num_kv_heads,
+          "at most 65535 / head chunks per launch");
   const dim3 grid(static_cast<unsigned>(write_partials ? p.max_partitions : 1),
                   static_cast<unsigned>(p.num_kv_heads * p.head_chunks), static_cast<unsigned>(p.num_seqs));
   const char* name = write_partials ? "PagedDecodeV2Kernel" : "PagedDecodeV1Kernel";
