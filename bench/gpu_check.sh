@@ -78,6 +78,7 @@ gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
 
 # ---------------------------------------------------------------- configure + build
 cmake_args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch"
+  -DDECODEGRAPH_ENABLE_CUDA=ON -DDECODEGRAPH_BUILD_TESTS=ON -DDECODEGRAPH_BUILD_BENCH=ON
   # CMake 3.25 does not know nvcc 13's C++20 flag; harmless on newer CMake.
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
 command -v ninja >/dev/null 2>&1 && cmake_args+=(-G Ninja)
@@ -95,7 +96,7 @@ fi
 # ---------------------------------------------------------------- GPU tests
 if ((built)); then
   run_stage gpu-tests "$out/gpu_tests.log" 150 \
-    ctest --test-dir "$build" -R 'Gpu|GPU|gpu' -j 4 --output-on-failure --timeout 120 \
+    ctest --test-dir "$build" -R 'Gpu|GPU|gpu' -j 4 --output-on-failure --timeout 120 --no-tests=error \
     --output-junit "$out/gpu_tests.junit.xml"
 
   # compute-sanitizer on a small subset (where the tool exists)
@@ -163,7 +164,7 @@ for (model, layers, batch, ctx, mode), b in sorted(rows.items()):
             s = e["us_per_step"] / b["us_per_step"]
             print("  %s ctx %6d: eager %.1f us, graph %.1f us -> %.2fx %s" % (model, ctx, e["us_per_step"],
                   b["us_per_step"], s, "MET" if s >= 3 else "MISSED"))
-print("target 2: >= 80%% of measured read bandwidth, context >= 32K, batch 1-8, llama3-8b (graph mode)")
+print("target 2: >= 80% of measured read bandwidth, context >= 32K, batch 1-8, llama3-8b (graph mode)")
 for (model, layers, batch, ctx, mode), b in sorted(rows.items()):
     if mode == "graph" and model == "llama3-8b" and ctx >= 32768 and batch <= 8:
         p = b.get("pct_read_bw", 0)
