@@ -78,9 +78,7 @@ gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
 
 # ---------------------------------------------------------------- configure + build
 cmake_args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch"
-  -DDECODEGRAPH_ENABLE_CUDA=ON -DDECODEGRAPH_BUILD_TESTS=ON -DDECODEGRAPH_BUILD_BENCH=ON
-  # CMake 3.25 does not know nvcc 13's C++20 flag; harmless on newer CMake.
-  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
+  -DDECODEGRAPH_ENABLE_CUDA=ON -DDECODEGRAPH_BUILD_TESTS=ON -DDECODEGRAPH_BUILD_BENCH=ON)
 command -v ninja >/dev/null 2>&1 && cmake_args+=(-G Ninja)
 [[ -n ${CMAKE_PREFIX_PATH:-} ]] && cmake_args+=("-DCMAKE_PREFIX_PATH=$CMAKE_PREFIX_PATH")
 if [[ -n ${CMAKE_PREFIX_PATH:-} ]]; then
