@@ -46,7 +46,10 @@ struct CacheIndex {
 }  // namespace
 
 void paged_attention(const DecodeArgs& args, double* out64) {
-  validate_decode_args(args);
+  // The reference writes out64, never args.out, so args.out may be null here.
+  DecodeArgs checked = args;
+  if (checked.out == nullptr) checked.out = const_cast<void*>(args.q);
+  validate_decode_args(checked);
   require(out64 != nullptr, "out64", "null", "a non-null pointer");
   const AttentionSpec& s = args.spec;
   const int hs = s.head_size, bs = s.block_size;

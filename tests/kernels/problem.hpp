@@ -20,13 +20,14 @@ using decodegraph::KVLayout;
 
 /// Per-dtype tolerances for inputs of ordinary magnitude (|q|, |k|, |v| <= 1). The output is rounded
 /// to the dtype, so the bound is the dtype's half-ulp (rtol) plus fp32 accumulation slack (atol for
-/// outputs near 0). Measured worst cases on the grid are about a third of these.
+/// outputs near 0). All tests still pass with these divided by 4 (measured on the host
+/// implementation; the fp16/bf16 error there is the output rounding itself).
 struct Tolerance {
   double atol, rtol;
 };
 inline Tolerance tolerance(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return {2e-5, 1e-4};   // fp32 accumulation over up to 65K tokens
+    case DType::kFloat32: return {5e-6, 2.5e-5};  // fp32 accumulation over up to 100K tokens
     case DType::kFloat16: return {1e-3, 2e-3};   // half-ulp 4.9e-4 relative
     case DType::kBFloat16: return {8e-3, 1.6e-2};  // half-ulp 3.9e-3 relative
   }
@@ -36,7 +37,7 @@ inline Tolerance tolerance(DType dtype) {
 /// carry an absolute error of ~1e-4 * |logit|, which moves softmax weights by that much relative.
 inline Tolerance large_logit_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return {2e-3, 2e-3};
+    case DType::kFloat32: return {5e-4, 5e-4};
     case DType::kFloat16: return {3e-3, 4e-3};
     case DType::kBFloat16: return {1e-2, 2e-2};
   }

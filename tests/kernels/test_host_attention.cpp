@@ -42,7 +42,7 @@ std::string grid_name(const ::testing::TestParamInfo<GridCase>& info) {
 // Each axis gets a shuffled column in which every value appears at least N / |axis| times, so the
 // cases cover every value of every axis with varied combinations.
 std::vector<GridCase> make_grid() {
-  constexpr int N = 42;
+  constexpr int N = 84;
   std::mt19937_64 rng(20240611);
   auto column = [&](auto values) {
     std::vector<typename decltype(values)::value_type> col;
@@ -76,7 +76,7 @@ TEST_P(HostGrid, V1AndV2MatchReference) {
   ps.spec.head_size = c.head_size;
   ps.spec.block_size = c.block_size;
   ps.spec.layout = c.layout;
-  ps.spec.num_kv_heads = c.ratio >= 8 ? 1 : 2;
+  ps.spec.num_kv_heads = (c.ratio >= 8 ? 1 : 2) * (1 + static_cast<int>(c.seed % 2));
   ps.spec.num_q_heads = ps.spec.num_kv_heads * c.ratio;
   ps.spec.scale = c.custom_scale ? 0.37f : 0.0f;
   ps.alibi = c.alibi;
@@ -88,7 +88,7 @@ TEST_P(HostGrid, V1AndV2MatchReference) {
   const int B = c.block_size, P = c.partition_size;
   const std::vector<int> edges = {1, B - 1, B, B + 1, P - 1, P, P + 1, 2 * P + 3};
   std::mt19937_64 rng(c.seed);
-  std::uniform_int_distribution<int> any_len(1, 3 * P);
+  std::uniform_int_distribution<int> any_len(1, 4 * P);
   for (int i = 0; i < c.batch; ++i) {
     if (c.batch > 1 && i == 2) {
       ps.lens.push_back(0);
@@ -180,7 +180,8 @@ INSTANTIATE_TEST_SUITE_P(
         LongCase{DType::kBFloat16, 128, 16, 1, 4, 512, KVLayout::kVLLM, false, {8191, 8192, 8193}},
         LongCase{DType::kFloat16, 64, 32, 2, 1, 256, KVLayout::kNHD, true, {6000, 1, 8193}},
         LongCase{DType::kFloat32, 256, 8, 1, 2, 2048, KVLayout::kVLLM, false, {8192, 257}},
-        LongCase{DType::kFloat16, 64, 16, 1, 2, 1024, KVLayout::kVLLM, false, {40000, 32769}},
+        LongCase{DType::kFloat16, 64, 16, 2, 4, 1024, KVLayout::kVLLM, false, {40000, 32769, 25000}},
+        LongCase{DType::kFloat32, 112, 32, 1, 5, 2048, KVLayout::kNHD, true, {100000, 8191}},
         LongCase{DType::kBFloat16, 80, 32, 1, 1, 512, KVLayout::kNHD, true, {65537}},
         LongCase{DType::kFloat32, 64, 16, 1, 1, 256, KVLayout::kNHD, false, {32768, 33000}}),
     [](const ::testing::TestParamInfo<LongCase>& info) {
