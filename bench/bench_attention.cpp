@@ -259,7 +259,7 @@ Workload* workload_for(const Combo& c) {
   return current.get();
 }
 
-void BM_Attention(benchmark::State& state, Combo c, Mode mode) {
+void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode) {
   if (!dg::cuda_device_available()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -318,6 +318,15 @@ void BM_Attention(benchmark::State& state, Combo c, Mode mode) {
   state.counters["P"] = plan_p;
   state.counters["rotations"] = c.rotations;
   state.SetLabel(dg::to_string(kernel));
+}
+
+// A library Error (an unsupported shape, a failed launch) becomes an error row instead of ending the run.
+void BM_Attention(benchmark::State& state, Combo c, Mode mode) {
+  try {
+    BM_AttentionBody(state, c, mode);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
 }
 
 /// The streaming-read ceiling itself, as its own row.

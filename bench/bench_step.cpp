@@ -144,8 +144,8 @@ void drain(const StepRig& rig) {
 #endif
 }
 
-void BM_Step(benchmark::State& state, dg::BackendKind backend, bool empty_body, dg::ValidationLevel level,
-             dg::MemorySpace space) {
+void BM_StepBody(benchmark::State& state, dg::BackendKind backend, bool empty_body,
+                 dg::ValidationLevel level, dg::MemorySpace space) {
   if (backend == dg::BackendKind::kCuda && !dg::cuda_device_available()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -181,6 +181,16 @@ void BM_Step(benchmark::State& state, dg::BackendKind backend, bool empty_body, 
   state.counters["us_per_step"] = dgbench::percentile(us, 50);
   state.counters["us_p99"] = dgbench::percentile(us, 99);
   state.counters["batch"] = batch;
+}
+
+// A library Error (an unsupported shape, a failed launch) becomes an error row instead of ending the run.
+void BM_Step(benchmark::State& state, dg::BackendKind backend, bool empty_body, dg::ValidationLevel level,
+             dg::MemorySpace space) {
+  try {
+    BM_StepBody(state, backend, empty_body, level, space);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
 }
 
 void register_all() {
