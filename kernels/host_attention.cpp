@@ -56,12 +56,41 @@ struct Fp32 {
 // ---------------------------------------------------------------- geometry
 
 // Offsets of K/V elements split as base(block, kv_head) + rel(token, d), which holds for both
-// layouts; rel is tabulated once per call so the inner loops do no index arithmetic.
+// layouts (math::k_offset / v_offset). The rel offsets of one block are compiled once per call into
+// runs of consecutive source elements, so converting a block tile is a few strided copies
+// (NHD: one run per token, vLLM K: runs of x, vLLM V: one run per d across tokens) instead of a
+// per-element gather: that gather was the host path's bottleneck.
+struct Run {
+  int64_t src;     // rel offset of the first source element
+  int32_t dst;     // index of its destination in the [block_size, head_size] tile
+  int32_t stride;  // destination step per source element
+  int32_t len;
+};
+
+std::vector<Run> compile_runs(const std::vector<int64_t>& rel) {
+  std::vector<std::pair<int64_t, int32_t>> by_src(rel.size());
+  for (std::size_t i = 0; i < rel.size(); ++i) by_src[i] = {rel[i], static_cast<int32_t>(i)};
+  std::sort(by_src.begin(), by_src.end());
+  std::vector<Run> runs;
+  for (const auto& [src, dst] : by_src) {
+    if (!runs.empty()) {
+      Run& r = runs.back();
+      if (src == r.src + r.len && (r.len == 1 || dst == r.dst + r.len * r.stride)) {
+        if (r.len == 1) r.stride = dst - r.dst;
+        ++r.len;
+        continue;
+      }
+    }
+    runs.push_back(Run{src, dst, 1, 1});
+  }
+  return runs;
+}
+
 struct Geometry {
   const AttentionSpec& s;
   int hs, bs, group, x;
   float scale;
-  std::vector<int64_t> k_rel, v_rel;  // [block_size * head_size], token-major
+  std::vector<Run> k_runs, v_runs;
 
   explicit Geometry(const AttentionSpec& spec)
       : s(spec),
@@ -69,14 +98,16 @@ struct Geometry {
         bs(spec.block_size),
         group(spec.num_q_heads / spec.num_kv_heads),
         x(math::vllm_x(static_cast<int>(dtype_size(spec.dtype)))),
-        scale(spec.effective_scale()),
-        k_rel(static_cast<std::size_t>(bs) * hs),
-        v_rel(static_cast<std::size_t>(bs) * hs) {
+        scale(spec.effective_scale()) {
+    std::vector<int64_t> k_rel(static_cast<std::size_t>(bs) * hs), v_rel(k_rel.size());
+    const int64_t k0 = k_base(0, 0), v0 = v_base(0, 0);
     for (int t = 0; t < bs; ++t)
       for (int d = 0; d < hs; ++d) {
-        k_rel[t * hs + d] = math::k_offset(s.layout, 0, 0, t, d, s.num_kv_heads, hs, bs, x);
-        v_rel[t * hs + d] = math::v_offset(s.layout, 0, 0, t, d, s.num_kv_heads, hs, bs);
+        k_rel[t * hs + d] = math::k_offset(s.layout, 0, 0, t, d, s.num_kv_heads, hs, bs, x) - k0;
+        v_rel[t * hs + d] = math::v_offset(s.layout, 0, 0, t, d, s.num_kv_heads, hs, bs) - v0;
       }
+    k_runs = compile_runs(k_rel);
+    v_runs = compile_runs(v_rel);
   }
   int64_t k_base(int64_t block, int kvh) const {
     return math::k_offset(s.layout, block, kvh, 0, 0, s.num_kv_heads, hs, bs, x);
@@ -85,6 +116,20 @@ struct Geometry {
     return math::v_offset(s.layout, block, kvh, 0, 0, s.num_kv_heads, hs, bs);
   }
 };
+
+// Converts one whole block of one KV head into a float tile [block_size, head_size].
+template <class E>
+void load_tile(const E& e, const typename E::T* base, const std::vector<Run>& runs, float* tile) {
+  for (const Run& r : runs) {
+    const typename E::T* src = base + r.src;
+    float* dst = tile + r.dst;
+    if (r.stride == 1) {
+      for (int j = 0; j < r.len; ++j) dst[j] = e.load(src[j]);
+    } else {
+      for (int j = 0; j < r.len; ++j) dst[static_cast<int64_t>(j) * r.stride] = e.load(src[j]);
+    }
+  }
+}
 
 // Online-softmax state of the `group` query heads of one KV head over a token range.
 struct GroupState {
@@ -123,20 +168,16 @@ void attend(const Geometry& g, const E& e, const typename E::T* kc, const typena
     const int64_t block = table[t / bs];
     const int first = t % bs;
     const int n = std::min(bs - first, t1 - t);
-    const typename E::T* kb = kc + g.k_base(block, kvh);
-    const typename E::T* vb = vc + g.v_base(block, kvh);
-    const int64_t* kr = g.k_rel.data() + static_cast<std::size_t>(first) * hs;
-    const int64_t* vr = g.v_rel.data() + static_cast<std::size_t>(first) * hs;
-    for (int i = 0; i < n * hs; ++i) {
-      st.kf[i] = e.load(kb[kr[i]]);
-      st.vf[i] = e.load(vb[vr[i]]);
-    }
+    // The whole block is converted (in bounds: the block id was validated); only tokens
+    // [first, first + n) are used.
+    load_tile(e, kc + g.k_base(block, kvh), g.k_runs, st.kf.data());
+    load_tile(e, vc + g.v_base(block, kvh), g.v_runs, st.vf.data());
     for (int h = 0; h < g.group; ++h) {
       const float* q = st.q.data() + static_cast<std::size_t>(h) * hs;
       float tile_max = math::neg_inf();
       for (int i = 0; i < n; ++i) {
-        st.s[i] = math::logit(dot(q, st.kf.data() + static_cast<std::size_t>(i) * hs, hs), g.scale,
-                              st.slope[h], t + i, len);
+        st.s[i] = math::logit(dot(q, st.kf.data() + static_cast<std::size_t>(first + i) * hs, hs),
+                              g.scale, st.slope[h], t + i, len);
         tile_max = std::max(tile_max, st.s[i]);
       }
       float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
@@ -146,7 +187,7 @@ void attend(const Geometry& g, const E& e, const typename E::T* kc, const typena
       for (int i = 0; i < n; ++i) {
         const float p = math::exp_shifted(st.s[i], st.m[h]);
         st.l[h] += p;
-        const float* v = st.vf.data() + static_cast<std::size_t>(i) * hs;
+        const float* v = st.vf.data() + static_cast<std::size_t>(first + i) * hs;
         for (int d = 0; d < hs; ++d) acc[d] += p * v[d];
       }
     }
