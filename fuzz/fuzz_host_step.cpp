@@ -130,6 +130,7 @@ void run(FuzzedDataProvider& fdp) {
       a.block_table_stride = stride;
       a.num_blocks = c.num_blocks;
       a.q = ex->query(l);
+      a.out = ex->output(l);
       a.k_cache = caches[2 * l].data();
       a.v_cache = caches[2 * l + 1].data();
       a.block_tables = tables.data();
