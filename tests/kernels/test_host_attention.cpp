@@ -95,9 +95,10 @@ TEST_P(HostGrid, V1AndV2MatchReference) {
     } else if (c.batch == 1) {
       ps.lens.push_back(edges[c.seed % edges.size()]);
     } else {
-      ps.lens.push_back(i < static_cast<int>(edges.size()) + 1 && i != 2
-                            ? edges[(i + c.seed) % edges.size()]
-                            : any_len(rng) / (c.batch == 17 ? 2 : 1) + 1);
+      // The first rows take edge lengths; the rest of a batch of 17 random ones (halved to keep
+      // the float64 reference cheap).
+      ps.lens.push_back(i <= static_cast<int>(edges.size()) ? edges[(i + c.seed) % edges.size()]
+                                                            : any_len(rng) / 2 + 1);
     }
   }
   if (c.seed % 2) ps.max_seq_len = *std::max_element(ps.lens.begin(), ps.lens.end()) + 37;
