@@ -235,6 +235,8 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   if (kind == BackendKind::kAuto) kind = cuda_device_available() ? BackendKind::kCuda : BackendKind::kHost;
   if (kind == BackendKind::kCuda) {
 #if DECODEGRAPH_HAS_CUDA
+    require(cuda_device_available(), "backend", "cuda",
+            "host or auto (no usable CUDA device is present)");
     m.backend = detail::make_cuda_backend();
 #else
     throw_invalid("backend", "cuda", "host or auto (this build has no CUDA)");
