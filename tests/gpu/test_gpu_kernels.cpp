@@ -98,7 +98,9 @@ struct DeviceProblem {
     args.v_cache = v->ptr;
     args.block_tables = static_cast<const int32_t*>(tables->ptr);
     args.seq_lens = static_cast<const int32_t*>(lens->ptr);
-    args.host_seq_lens = p.lens.data();
+    // The host length copy is validated as 1..max_seq_len, so it is given only without padded rows.
+    const bool padded = std::any_of(p.lens.begin(), p.lens.end(), [](int32_t l) { return l == 0; });
+    args.host_seq_lens = padded ? nullptr : p.lens.data();
     args.host_block_tables = nullptr;  // unused table entries hold -1 on purpose
     if (!p.slopes.empty()) {
       slopes = std::make_unique<DevBuf>(p.slopes.size() * sizeof(float));
