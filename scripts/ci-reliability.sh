@@ -4,14 +4,14 @@
 #   2. the soak at CI length (DECODEGRAPH_SOAK_STEPS, default 2000) in that sanitized build;
 #   3. each libFuzzer target for a bounded time from the committed seed corpus (preset "fuzz");
 #      skipped, saying so, when clang with libFuzzer is not installed.
-# Environment: JOBS (default nproc), FUZZ_SECONDS (per target, default 45), DECODEGRAPH_SOAK_STEPS.
+# Environment: JOBS (default nproc), FUZZ_SECONDS (per target, default 30), DECODEGRAPH_SOAK_STEPS.
 # Safe from a fresh clone: builds into build-asan/ and build-fuzz/ (git-ignored); the committed corpus
 # is only read (new inputs go to a scratch copy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 jobs=${JOBS:-$(nproc)}
-fuzz_seconds=${FUZZ_SECONDS:-45}
+fuzz_seconds=${FUZZ_SECONDS:-30}
 soak_steps=${DECODEGRAPH_SOAK_STEPS:-2000}
 start=$(date +%s)
 stage_start=$start
