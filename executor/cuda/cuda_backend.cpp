@@ -65,21 +65,32 @@ class CudaBackend final : public Backend {
     if (fault::should_fail(fault::Site::kAlloc)) injected("cudaMalloc", fault::Site::kAlloc);
     void* p = nullptr;
     DG_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 256 : bytes));
-    const cudaError_t err = cudaMemset(p, 0, bytes == 0 ? 256 : bytes);
+    // Zero on our stream and wait: a cudaMemset on the legacy stream is not ordered with the
+    // non-blocking stream_, nor with a caller's later writes (e.g. q through cudaMemcpy).
+    cudaError_t err = cudaMemsetAsync(p, 0, bytes == 0 ? 256 : bytes, stream_);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
     if (err != cudaSuccess) {
       cudaFree(p);
       DG_CUDA_CHECK(err);
     }
     return p;
   }
-  void free(void* p) noexcept override { cudaFree(p); }
+  // Work still queued on stream_ (a replay, a staging copy) may read the buffer: drain it first.
+  void free(void* p) noexcept override {
+    cudaStreamSynchronize(stream_);
+    cudaFree(p);
+  }
   void* alloc_host(std::size_t bytes) override {
     if (fault::should_fail(fault::Site::kAlloc)) injected("cudaMallocHost", fault::Site::kAlloc);
     void* p = nullptr;
     DG_CUDA_CHECK(cudaMallocHost(&p, bytes == 0 ? 256 : bytes));
     return p;
   }
-  void free_host(void* p) noexcept override { cudaFreeHost(p); }
+  // A staging copy in flight may still read the pinned mirror.
+  void free_host(void* p) noexcept override {
+    cudaStreamSynchronize(stream_);
+    cudaFreeHost(p);
+  }
 
   void upload(void* dst, const void* src, std::size_t bytes) override {
     if (fault::should_fail(fault::Site::kMemcpy)) injected("cudaMemcpyAsync", fault::Site::kMemcpy);
