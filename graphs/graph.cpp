@@ -25,6 +25,22 @@ const char* instantiate_result_text(cudaGraphInstantiateResult r) {
   }
 }
 
+const char* node_type_text(cudaGraphNodeType t) {
+  switch (t) {
+    case cudaGraphNodeTypeKernel: return "kernel";
+    case cudaGraphNodeTypeMemcpy: return "memcpy";
+    case cudaGraphNodeTypeMemset: return "memset";
+    case cudaGraphNodeTypeHost: return "host";
+    case cudaGraphNodeTypeGraph: return "child graph";
+    case cudaGraphNodeTypeEmpty: return "empty";
+    case cudaGraphNodeTypeWaitEvent: return "event wait";
+    case cudaGraphNodeTypeEventRecord: return "event record";
+    case cudaGraphNodeTypeMemAlloc: return "memory allocation";
+    case cudaGraphNodeTypeMemFree: return "memory free";
+    default: return "other";
+  }
+}
+
 }  // namespace
 
 int Graph::nodes() const {
@@ -52,12 +68,14 @@ GraphExec GraphExec::instantiate(const Graph& graph) {
     if (params.errNode_out) {
       cudaGraphNodeType type;
       if (cudaGraphNodeGetType(params.errNode_out, &type) == cudaSuccess)
-        node = "node of type " + std::to_string(static_cast<int>(type));
+        node = std::string(node_type_text(type)) + " node (type " + std::to_string(static_cast<int>(type)) + ")";
     }
     e.reset();
+    // result_out stays at its zero value (success) when the driver rejects the call before filling it.
+    const char* result = params.result_out == cudaGraphInstantiateSuccess ? "not reported"
+                                                                          : instantiate_result_text(params.result_out);
     throw Error(std::string("cudaGraphInstantiate failed: ") + cudaGetErrorName(err) + " (" +
-                cudaGetErrorString(err) + "), result: " + instantiate_result_text(params.result_out) +
-                ", offending node: " + node);
+                cudaGetErrorString(err) + "), result: " + result + ", offending node: " + node);
   }
   return e;
 }
