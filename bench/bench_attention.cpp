@@ -285,9 +285,18 @@ void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode) {
   const double peak = read_bandwidth_gbs();
 
   cudaStream_t s = w.stream_of(mode);
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  DGB_CUDA_CHECK(cudaEventCreate(&e0));
-  DGB_CUDA_CHECK(cudaEventCreate(&e1));
+  struct Events {  // destroyed on every path, including a library Error thrown by step()
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    Events() {
+      DGB_CUDA_CHECK(cudaEventCreate(&e0));
+      DGB_CUDA_CHECK(cudaEventCreate(&e1));
+    }
+    ~Events() {
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+    }
+  } ev;
+  cudaEvent_t e0 = ev.e0, e1 = ev.e1;
   int r = 0;
   // Warm-up: captures the graph, touches every rotation once (up to 8).
   for (int i = 0; i < std::min(c.rotations, 8) + 2; ++i) {
@@ -307,8 +316,6 @@ void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode) {
     us.push_back(ms * 1e3);
     r = (r + 1) % c.rotations;
   }
-  DGB_CUDA_CHECK(cudaEventDestroy(e0));
-  DGB_CUDA_CHECK(cudaEventDestroy(e1));
   const double med = dgbench::percentile(us, 50);
   state.counters["us_per_step"] = med;
   state.counters["bytes"] = bytes;
