@@ -1,7 +1,8 @@
 // GPU tests of the eager kernels: V1 and V2 (pass 1 + merge) against the float64 reference over
 // the supported grid, irregular and long lengths, odd batches, large logits, partition-size
-// independence, determinism, padded rows, the vLLM-shaped case, the KV append against the host
-// append, the naive kernel, the length clamp and the kernel-launch fault seam.
+// independence, determinism, padded rows, the vLLM-shaped case, GQA groups above 16 (head
+// chunks), the KV append against the host append and explicit layout offsets, the naive kernel,
+// the length clamp and the kernel-launch fault seam.
 // Every test starts with DG_REQUIRE_GPU(): without a device it reports itself skipped.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -335,6 +336,28 @@ TEST(GpuKernels, VllmShapedBatch) {
   }
 }
 
+// GQA groups above the 16 heads one block serves split into head chunks along grid y (32 = two
+// full chunks, 24 = a full and a partial one), for every dtype and both layouts.
+TEST(GpuKernels, LargeGroupsSplitIntoHeadChunks) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (DType dt : kDTypes) {
+    for (KVLayout layout : kLayouts) {
+      for (auto [qh, kvh] : {std::pair{32, 1}, std::pair{48, 2}}) {
+        ProblemSpec ps;
+        ps.spec = make_spec(dt, i % 2 ? 256 : 80, 16, layout, qh, kvh);
+        ps.lens = {1, 0, 300, 1100};
+        ps.alibi = i % 3 == 1;
+        ps.seed = 500 + i++;
+        auto p = dgtest::make_problem(ps);
+        p->run_reference();
+        SCOPED_TRACE(describe(ps.spec));
+        check_all(*p, {256});
+      }
+    }
+  }
+}
+
 // A length above max_seq_len is clamped to it on the device (never read past the table row).
 TEST(GpuKernels, LengthAboveMaxIsClamped) {
   DG_REQUIRE_GPU();
@@ -441,6 +464,24 @@ TEST(GpuKernels, AppendKvMatchesHostAppend) {
         const std::string what = describe(s);
         EXPECT_EQ(0, std::memcmp(gk.data(), kc.data(), kc.bytes)) << "K cache differs: " << what;
         EXPECT_EQ(0, std::memcmp(gv.data(), vc.data(), vc.bytes)) << "V cache differs: " << what;
+        // The host append shares math::k_offset / v_offset with the kernel, so the layouts are also
+        // checked here with strides spelled out from types.hpp.
+        const int64_t H = s.num_kv_heads, B = s.block_size, x = 16 / static_cast<int64_t>(dtype_size(dt));
+        int mismatches = 0;
+        for (int t = 0; t < num_tokens; ++t) {
+          if (slots[t] < 0) continue;
+          const int64_t blk = slots[t] / B, off = slots[t] % B;
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t e = 0; e < D; ++e) {
+              const std::size_t src = (static_cast<std::size_t>(t) * H + h) * D + e;
+              const int64_t ko = layout == KVLayout::kNHD ? ((blk * B + off) * H + h) * D + e
+                                                          : (((blk * H + h) * (D / x) + e / x) * B + off) * x + e % x;
+              const int64_t vo = layout == KVLayout::kNHD ? ko : ((blk * H + h) * D + e) * B + off;
+              mismatches += load_as_float(dt, gk.data(), ko) != load_as_float(dt, key.data(), src);
+              mismatches += load_as_float(dt, gv.data(), vo) != load_as_float(dt, value.data(), src);
+            }
+        }
+        EXPECT_EQ(mismatches, 0) << "appended K/V not at their layout offsets: " << what;
       }
     }
   }
