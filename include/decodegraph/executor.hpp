@@ -8,6 +8,12 @@
 //     write q (and new K/V) into ex.query(l) / ex.new_key(l) / ex.new_value(l), or fixed buffers
 //     StepResult r = ex.step(inputs);       // validate, bucket, stage, replay (capture if lazy)
 //     read ex.output(l)
+//
+// Stream ordering (CUDA backend): step() enqueues staging and the graph on ex.stream(), a
+// non-blocking stream, and returns without waiting. Make your writes of q / new K/V / device inputs
+// visible before step() (enqueue them on ex.stream(), or synchronise), and synchronise ex.stream()
+// (or make your stream wait on it) before reading outputs. Layers share one V2 workspace: a step
+// body must not run two layers' attention concurrently on forked streams.
 #pragma once
 
 #include <cstddef>

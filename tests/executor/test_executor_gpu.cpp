@@ -55,6 +55,7 @@ void run_gpu_case(KernelKind kind) {
   std::vector<char> q(qb), g1(qb), g2(qb), eager(qb);
   dgtest::fill_uniform(s.dtype, q.data(), w.q_elems(7), w.rng);
   CK(cudaMemcpy(ex.query(0), q.data(), qb, cudaMemcpyHostToDevice));
+  CK(cudaDeviceSynchronize());  // a pageable cudaMemcpy may return before the DMA lands
   const StepResult r = ex.step(w.inputs());
   ASSERT_EQ(r.kernel, kind);
   CK(cudaStreamSynchronize(ex.stream()));

@@ -270,6 +270,7 @@ TEST_P(GpuFault, DuringLazyCaptureAndReplay) {
       DG_CUDA_OK(cudaMemcpy(ex.new_key(l), nk[l].data(), kvb, cudaMemcpyHostToDevice));
       DG_CUDA_OK(cudaMemcpy(ex.new_value(l), nv[l].data(), kvb, cudaMemcpyHostToDevice));
     }
+    DG_CUDA_OK(cudaDeviceSynchronize());  // a pageable cudaMemcpy may return before the DMA lands
     for (int attempt = 0; attempt < 2; ++attempt) {  // 0: capture step, 1: replay step
       fault::arm(site, 0, 1);
       const Inputs bad = rig.random_inputs(3, 1, 1024);
