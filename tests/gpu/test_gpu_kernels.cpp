@@ -1,8 +1,8 @@
 // GPU tests of the eager kernels: V1 and V2 (pass 1 + merge) against the float64 reference over
 // the supported grid, irregular and long lengths, odd batches, large logits, partition-size
 // independence, determinism, padded rows, the vLLM-shaped case, GQA groups above 16 (head
-// chunks), the KV append against the host append and explicit layout offsets, the naive kernel,
-// the length clamp and the kernel-launch fault seam.
+// chunks), NaN in cache slots past the lengths, the KV append against the host append and explicit
+// layout offsets, the naive kernel, the length clamp and the kernel-launch fault seam.
 // Every test starts with DG_REQUIRE_GPU(): without a device it reports itself skipped.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -354,6 +354,46 @@ TEST(GpuKernels, LargeGroupsSplitIntoHeadChunks) {
         SCOPED_TRACE(describe(ps.spec));
         check_all(*p, {256});
       }
+    }
+  }
+}
+
+// Cache slots past each length (the tail of a sequence's last block) and unused blocks hold NaN, as
+// stale device memory may: the kernels must zero-fill / mask them (0 * NaN would poison the sum).
+TEST(GpuKernels, NaNPastTheEndIsIgnored) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (DType dt : kDTypes) {
+    for (KVLayout layout : kLayouts) {
+      ProblemSpec ps;
+      ps.spec = make_spec(dt, i % 2 ? 64 : 128, i % 3 == 0 ? 32 : 16, layout, 8, 2);
+      ps.lens = {1, 0, 100, 517, 65};
+      ps.distinct_blocks = true;  // a block's tail belongs to no other sequence
+      ps.num_blocks = 64;         // unused blocks too
+      ps.seed = 700 + i++;
+      auto p = dgtest::make_problem(ps);
+      const AttentionSpec& s = ps.spec;
+      const int64_t H = s.num_kv_heads, B = s.block_size, D = s.head_size;
+      const int64_t x = 16 / static_cast<int64_t>(dtype_size(dt));
+      std::vector<bool> used_slot(static_cast<std::size_t>(ps.num_blocks) * B, false);
+      for (int sq = 0; sq < static_cast<int>(ps.lens.size()); ++sq)
+        for (int t = 0; t < ps.lens[sq]; ++t)
+          used_slot[static_cast<std::size_t>(p->tables[sq * p->args.block_table_stride + t / B]) * B + t % B] = true;
+      for (int64_t blk = 0; blk < ps.num_blocks; ++blk)
+        for (int64_t off = 0; off < B; ++off) {
+          if (used_slot[blk * B + off]) continue;
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t e = 0; e < D; ++e) {
+              const int64_t ko = layout == KVLayout::kNHD ? ((blk * B + off) * H + h) * D + e
+                                                          : (((blk * H + h) * (D / x) + e / x) * B + off) * x + e % x;
+              const int64_t vo = layout == KVLayout::kNHD ? ko : ((blk * H + h) * D + e) * B + off;
+              store_from_float(dt, p->k.data(), ko, NAN);
+              store_from_float(dt, p->v.data(), vo, NAN);
+            }
+        }
+      p->run_reference();
+      SCOPED_TRACE(describe(s));
+      check_all(*p, {2 * s.block_size, 256});
     }
   }
 }
