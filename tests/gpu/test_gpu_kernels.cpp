@@ -1,8 +1,9 @@
 // GPU tests of the eager kernels: V1 and V2 (pass 1 + merge) against the float64 reference over
 // the supported grid, irregular and long lengths, odd batches, large logits, partition-size
 // independence, determinism, padded rows, the vLLM-shaped case, GQA groups above 16 (head
-// chunks), NaN in cache slots past the lengths, the KV append against the host append and explicit
-// layout offsets, the naive kernel, the length clamp and the kernel-launch fault seam.
+// chunks), NaN in cache slots past the lengths, caches past 2^31 elements, the KV append against
+// the host append and explicit layout offsets, the naive kernel, the length clamp and the
+// kernel-launch fault seam.
 // Every test starts with DG_REQUIRE_GPU(): without a device it reports itself skipped.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -395,6 +396,54 @@ TEST(GpuKernels, NaNPastTheEndIsIgnored) {
       SCOPED_TRACE(describe(s));
       check_all(*p, {2 * s.block_size, 256});
     }
+  }
+}
+
+// Caches past 2^31 elements: the problem's blocks are placed at block ids above 2^31 / block_elems
+// on the device (the rest of the cache is never read), so any 32-bit offset arithmetic reads the
+// wrong memory. Skipped where the device cannot hold the two ~4.5 GB caches.
+TEST(GpuKernels, CacheOffsetsPast32Bits) {
+  DG_REQUIRE_GPU();
+  for (KVLayout layout : kLayouts) {
+    ProblemSpec ps;
+    ps.spec = make_spec(DType::kFloat16, 128, 16, layout, 16, 8);
+    ps.lens = {300, 45};
+    ps.seed = 900 + static_cast<int>(layout);
+    auto p = dgtest::make_problem(ps);
+    p->run_reference();
+    const std::size_t block_bytes = ps.spec.block_elems() * dtype_size(ps.spec.dtype);
+    const int64_t shift = (int64_t{1} << 31) / static_cast<int64_t>(ps.spec.block_elems()) + 1000;
+    const int num_blocks = static_cast<int>(shift) + p->args.num_blocks;
+    const std::size_t cache_bytes = static_cast<std::size_t>(num_blocks) * block_bytes;
+    void* big_k = nullptr;
+    void* big_v = nullptr;
+    if (cudaMalloc(&big_k, cache_bytes) != cudaSuccess || cudaMalloc(&big_v, cache_bytes) != cudaSuccess) {
+      cudaFree(big_k);
+      (void)cudaGetLastError();
+      GTEST_SKIP() << "device cannot hold two caches of " << cache_bytes << " bytes";
+    }
+    std::unique_ptr<void, decltype(&cudaFree)> hold_k(big_k, &cudaFree), hold_v(big_v, &cudaFree);
+    const std::size_t off = static_cast<std::size_t>(shift) * block_bytes;
+    CUDA_OK(cudaMemcpy(static_cast<char*>(big_k) + off, p->k.data(), p->k.bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(static_cast<char*>(big_v) + off, p->v.data(), p->v.bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(big_k, 0, off));  // a wrapped offset would read these zeros
+    CUDA_OK(cudaMemset(big_v, 0, off));
+    DeviceProblem dp(*p);
+    std::vector<int32_t> shifted = p->tables;
+    for (int32_t& b : shifted)
+      if (b >= 0) b += static_cast<int32_t>(shift);
+    dp.tables->upload(shifted.data(), shifted.size() * sizeof(int32_t));
+    dp.args.k_cache = big_k;
+    dp.args.v_cache = big_v;
+    dp.args.num_blocks = num_blocks;
+    SCOPED_TRACE(describe(ps.spec));
+    const Tolerance t = gpu_tol(ps.spec.dtype);
+    dp.run_v1();
+    EXPECT_TRUE(p->check(t)) << "V1";
+    dp.run_v2(64);
+    EXPECT_TRUE(p->check(t)) << "V2";
+    dp.run_naive();
+    EXPECT_TRUE(p->check(t)) << "naive";
   }
 }
 
