@@ -1,0 +1,255 @@
+#include "sim_runtime.hpp"
+
+#include <setjmp.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+
+
+const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorSim"; }
+const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int* n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+namespace {
+struct Alloc { char* base; size_t map_bytes; size_t n; };
+std::map<uintptr_t, Alloc> g_allocs;  // keyed by user pointer
+}
+
+cudaError_t cudaMalloc(void** p, size_t n) {
+  const size_t n16 = (std::max<size_t>(n, 1) + 15) / 16 * 16;
+  const size_t pages = (n16 + 4095) / 4096;
+  const size_t map_bytes = (pages + 2) * 4096;
+  char* base = static_cast<char*>(mmap(nullptr, map_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (base == MAP_FAILED) return cudaErrorNoDevice;
+  mprotect(base + 4096, pages * 4096, PROT_READ | PROT_WRITE);
+  char* user = base + 4096 + pages * 4096 - n16;
+  if (n16 < (size_t{1} << 28)) memset(user, 0xa5, n16);  // garbage, like fresh device memory
+  g_allocs[reinterpret_cast<uintptr_t>(user)] = Alloc{base, map_bytes, n16};
+  *p = user;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_allocs.end()) return cudaSuccess;
+  munmap(it->second.base, it->second.map_bytes);
+  g_allocs.erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemset(void* d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
+
+namespace sim {
+namespace {
+struct Fiber {
+  ucontext_t uc;
+  jmp_buf jb;
+  bool started = false, done = false;
+  int tid = 0;
+  char* stack = nullptr;
+};
+constexpr size_t kStack = 256 * 1024;
+std::vector<Fiber> fibers;
+std::vector<std::pair<void*, size_t>> g_shared;
+jmp_buf sched_jb;
+Fiber* cur = nullptr;
+const std::function<void()>* body = nullptr;
+int nthreads = 0;
+long progress = 0;
+int bar_arrived = 0;
+long bar_gen = 0;
+long barriers_done = 0;
+struct Warp {
+  int arrived = 0;
+  long gen = 0;
+  int kind = 0;
+  float vals[32], snap[32];
+};
+std::vector<Warp> warps;
+std::mt19937_64 rng(std::getenv("DECODEGRAPH_SIM_SEED") ? std::strtoull(std::getenv("DECODEGRAPH_SIM_SEED"), nullptr, 10) : 1);
+Order g_order = Order::kFromEnv;
+// 0 forward, 1 reverse, 2 shuffled per scheduling round.
+int order_mode() {
+  switch (g_order) {
+    case Order::kForward: return 0;
+    case Order::kReverse: return 1;
+    case Order::kShuffle: return 2;
+    case Order::kFromEnv: break;
+  }
+  const char* o = std::getenv("DECODEGRAPH_SIM_ORDER");
+  if (!o || !strcmp(o, "fwd")) return 0;
+  if (!strcmp(o, "rev")) return 1;
+  if (!strcmp(o, "shuffle")) return 2;
+  fail(std::string("DECODEGRAPH_SIM_ORDER=") + o + ": expected fwd, rev or shuffle");
+  return 0;
+}
+
+void yield() {
+  if (!_setjmp(cur->jb)) _longjmp(sched_jb, 1);
+}
+void trampoline() {
+  (*body)();
+  cur->done = true;
+  ++progress;
+  _longjmp(sched_jb, 1);
+}
+std::string where() {
+  char b[160];
+  snprintf(b, sizeof b, "block (%u,%u,%u) thread %u of %d", blockIdx.x, blockIdx.y, blockIdx.z,
+           threadIdx.x, nthreads);
+  return b;
+}
+float warp_op(int kind, unsigned mask, float v, int off) {
+  if (mask != 0xffffffffu) fail("warp op with a partial mask at " + where());
+  if (nthreads % 32 != 0) fail("warp op in a partial warp at " + where());
+  if (off < 0 || off >= 32) fail("bad shuffle offset at " + where());
+  const int tid = static_cast<int>(threadIdx.x);
+  Warp& w = warps[tid / 32];
+  const int lane = tid % 32;
+  if (w.arrived == 0) w.kind = kind;
+  else if (w.kind != kind) fail("lanes of one warp meet different warp ops at " + where());
+  const long g = w.gen;
+  w.vals[lane] = v;
+  ++w.arrived;
+  ++progress;
+  if (w.arrived == 32) {
+    memcpy(w.snap, w.vals, sizeof w.vals);
+    w.arrived = 0;
+    ++w.gen;
+  } else {
+    while (w.gen == g) yield();
+  }
+  return w.snap[lane ^ off];
+}
+}  // namespace
+
+void set_order(Order o) { g_order = o; }
+const char* order_name() {
+  static const char* const names[] = {"fwd", "rev", "shuffle"};
+  return names[order_mode()];
+}
+
+void register_shared(void* p, size_t n) {
+  for (auto& r : g_shared)
+    if (r.first == p) return;
+  g_shared.emplace_back(p, n);
+  memset(p, 0xff, n);
+}
+
+void fail(const std::string& msg) {
+  fprintf(stderr, "SIM FAILURE: %s\n", msg.c_str());
+  fflush(stderr);
+  abort();
+}
+
+void check_range(const void* p, size_t n, const char* what) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = g_allocs.upper_bound(a);
+  if (it != g_allocs.begin()) {
+    --it;
+    if (a >= it->first && a + n <= it->first + it->second.n) {
+      if (a % n != 0) fail(std::string(what) + " misaligned at " + where());
+      return;
+    }
+  }
+  char b[64];
+  snprintf(b, sizeof b, "%p", p);
+  fail(std::string(what) + " out of every allocation: " + b + " at " + where());
+}
+
+void syncthreads() {
+  const long g = bar_gen;
+  ++bar_arrived;
+  ++progress;
+  if (bar_arrived == nthreads) {
+    bar_arrived = 0;
+    ++bar_gen;
+    ++barriers_done;
+    return;
+  }
+  while (bar_gen == g) yield();
+}
+void syncwarp(unsigned mask) { warp_op(2, mask, 0.0f, 0); }
+float shfl_xor(unsigned mask, float v, int off) { return warp_op(1, mask, v, off); }
+
+void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem) {
+  if (block.y != 1 || block.z != 1 || smem != 0) fail("simulator handles 1-D blocks without dynamic smem");
+  nthreads = static_cast<int>(block.x);
+  if (nthreads <= 0 || nthreads > 1024) fail("bad block size");
+  gridDim = grid;
+  blockDim = block;
+  body = &fn;
+  if (static_cast<int>(fibers.size()) < nthreads) {
+    const size_t old = fibers.size();
+    fibers.resize(nthreads);
+    for (size_t i = 0; i < fibers.size(); ++i)
+      if (i >= old || fibers[i].stack == nullptr) fibers[i].stack = static_cast<char*>(malloc(kStack));
+  }
+  warps.assign((nthreads + 31) / 32, Warp{});
+  std::vector<uint3> blocks;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) blocks.push_back(uint3{x, y, z});
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  const int mode = order_mode();
+  std::vector<int> order(nthreads);
+  std::iota(order.begin(), order.end(), 0);
+  if (mode == 1) std::reverse(order.begin(), order.end());
+  for (const uint3& b : blocks) {
+    blockIdx = b;
+    for (auto& r : g_shared) memset(r.first, 0xff, r.second);
+    bar_arrived = 0;
+    for (Warp& w : warps) w.arrived = 0;
+    for (int t = 0; t < nthreads; ++t) {
+      Fiber& f = fibers[t];
+      f.started = false;
+      f.done = false;
+      f.tid = t;
+      getcontext(&f.uc);
+      f.uc.uc_stack.ss_sp = f.stack;
+      f.uc.uc_stack.ss_size = kStack;
+      f.uc.uc_link = nullptr;
+      makecontext(&f.uc, trampoline, 0);
+    }
+    int done = 0;
+    while (done < nthreads) {
+      if (mode == 2) std::shuffle(order.begin(), order.end(), rng);
+      const long before = progress;
+      done = 0;
+      for (int t : order) {
+        Fiber& f = fibers[t];
+        if (f.done) { ++done; continue; }
+        cur = &f;
+        threadIdx = uint3{static_cast<unsigned>(t), 0, 0};
+        if (!_setjmp(sched_jb)) {
+          if (!f.started) {
+            f.started = true;
+            setcontext(&f.uc);
+          } else {
+            _longjmp(f.jb, 1);
+          }
+        }
+        if (f.done) ++done;
+      }
+      if (done < nthreads && progress == before) {
+        int exited = 0;
+        for (int t = 0; t < nthreads; ++t) exited += fibers[t].done;
+        char buf[200];
+        snprintf(buf, sizeof buf, "deadlock in block (%u,%u,%u): %d of %d threads exited, %d at the block barrier",
+                 b.x, b.y, b.z, exited, nthreads, bar_arrived);
+        fail(buf);
+      }
+    }
+    if (bar_arrived != 0) fail("block ended with threads at a barrier");
+  }
+}
+}  // namespace sim

@@ -1,0 +1,84 @@
+// Host simulator of the CUDA subset used by decodegraph kernels (see tests/sim/README.md): every
+// CUDA thread is a fiber; __syncthreads / __syncwarp / __shfl_xor_sync are real rendezvous points
+// (a thread that skips one deadlocks its block, which is reported); blocks run serially in a
+// shuffled order; between sync points threads run forward, reverse or shuffled
+// (DECODEGRAPH_SIM_ORDER or sim::set_order); __shared__ arrays are NaN-filled per block; __ldg is
+// checked against the allocation bounds and alignment.
+#pragma once
+#define DECODEGRAPH_SIM 1  // the tests check this to be sure the shims, not the toolkit, were found
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+
+struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct uint3 { unsigned x, y, z; };
+
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidConfiguration = 9, cudaErrorNoDevice = 100 };
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
+const char* cudaGetErrorName(cudaError_t);
+const char* cudaGetErrorString(cudaError_t);
+cudaError_t cudaGetLastError();
+cudaError_t cudaGetDeviceCount(int*);
+cudaError_t cudaMalloc(void**, size_t);
+template <typename T> cudaError_t cudaMalloc(T** p, size_t n) { return cudaMalloc(reinterpret_cast<void**>(p), n); }
+cudaError_t cudaFree(void*);
+cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind);
+cudaError_t cudaMemset(void*, int, size_t);
+cudaError_t cudaDeviceSynchronize();
+
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline
+#define __grid_constant__
+#define __launch_bounds__(...)
+#define __shared__ static
+
+extern uint3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
+
+namespace sim {
+void syncthreads();
+void syncwarp(unsigned mask);
+float shfl_xor(unsigned mask, float v, int off);
+void check_range(const void* p, size_t n, const char* what);
+void fail(const std::string& msg);
+void register_shared(void* p, size_t n);
+// Thread order between sync points. kFromEnv reads DECODEGRAPH_SIM_ORDER (fwd, rev, shuffle).
+enum class Order { kFromEnv, kForward, kReverse, kShuffle };
+void set_order(Order o);
+const char* order_name();
+// Runs fn once per thread of every block.
+void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem);
+}  // namespace sim
+
+inline void __syncthreads() { sim::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { sim::syncwarp(mask); }
+inline float __shfl_xor_sync(unsigned mask, float v, int off, int width = 32) {
+  if (width != 32) sim::fail("shfl width");
+  return sim::shfl_xor(mask, v, off);
+}
+template <typename T> inline T __ldg(const T* p) {
+  sim::check_range(p, sizeof(T), "__ldg");
+  return *p;
+}
+
+template <typename K, typename P>
+void sim_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t, const P& params) {
+  if (block.x * block.y * block.z > 1024 || grid.y > 65535 || grid.z > 65535) {
+    sim::fail("invalid launch configuration");
+  }
+  sim::launch([&] { kernel(params); }, grid, block, smem);
+}

@@ -1,0 +1,180 @@
+// Policy sweep on the CUDA simulator: for every dtype x head_size (one test each, so ctest runs
+// them in parallel) and every block_size x layout, V1, V2 at two partition sizes and the naive
+// kernel against the float64 reference, with padded rows left untouched. Lengths cover 1, 0
+// (padded row), bs-1, a partition size +-1 and a multi-partition length.
+// CI: one group shape per (block_size, layout), rotating through the list, and one thread order
+// per case (alternating). DECODEGRAPH_SIM_FULL=1: every group shape, both thread orders.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../kernels/problem.hpp"
+#include "cuda_runtime.h"
+#include "decodegraph/attention.hpp"
+#include "kernels/naive.hpp"
+#include "test_util.hpp"
+
+#ifndef DECODEGRAPH_SIM
+#error "tests/sim must compile against tests/sim/shim, not the CUDA toolkit headers"
+#endif
+
+namespace {
+
+using namespace decodegraph;
+
+// Same bounds as the GPU kernel tests (tests/gpu): output rounded to the dtype plus fp32
+// accumulation in an order different from the reference.
+dgtest::Tolerance tol(DType d) {
+  switch (d) {
+    case DType::kFloat32: return {2e-5, 1e-4};
+    case DType::kFloat16: return {1e-3, 2e-3};
+    case DType::kBFloat16: return {8e-3, 1.6e-2};
+  }
+  return {0, 0};
+}
+
+bool full_sweep() {
+  const char* f = std::getenv("DECODEGRAPH_SIM_FULL");
+  return f != nullptr && std::strcmp(f, "") != 0 && std::strcmp(f, "0") != 0;
+}
+
+void sim_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(std::size_t n, const void* src = nullptr) {
+    sim_ok(cudaMalloc(&p, std::max<std::size_t>(n, 16)), "cudaMalloc");
+    if (src != nullptr) sim_ok(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+struct Case {
+  DType dtype;
+  int head_size, block_size;
+  KVLayout layout;
+  int q_heads, kv_heads;
+  bool alibi;
+  uint64_t seed;
+};
+
+std::string describe(const Case& c, int P = 0) {
+  std::string s = std::string(to_string(c.dtype)) + " D=" + std::to_string(c.head_size) +
+                  " bs=" + std::to_string(c.block_size) + " " + to_string(c.layout) + " heads " +
+                  std::to_string(c.q_heads) + "/" + std::to_string(c.kv_heads) +
+                  (c.alibi ? " alibi" : "") + " order " + sim::order_name();
+  if (P > 0) s += " P=" + std::to_string(P);
+  return s;
+}
+
+void run_case(const Case& c) {
+  const int bs = c.block_size;
+  // Two partition sizes (multiples of the block size): one larger than a kernel tile, one small.
+  const int p_large = 64, p_small = 2 * bs;
+  dgtest::ProblemSpec ps;
+  ps.spec.dtype = c.dtype;
+  ps.spec.head_size = c.head_size;
+  ps.spec.block_size = bs;
+  ps.spec.layout = c.layout;
+  ps.spec.num_q_heads = c.q_heads;
+  ps.spec.num_kv_heads = c.kv_heads;
+  ps.lens = {1, 0, bs - 1, p_large - 1, p_large + 1, 2 * p_large + bs + 3};
+  ps.max_seq_len = *std::max_element(ps.lens.begin(), ps.lens.end()) + 40;  // band edge above
+  ps.alibi = c.alibi;
+  ps.seed = c.seed;
+  auto p = dgtest::make_problem(ps);
+  p->run_reference();
+
+  Dev q(p->q.bytes, p->q.data()), out(p->poisoned.bytes), k(p->k.bytes, p->k.data());
+  Dev v(p->v.bytes, p->v.data());
+  Dev tables(p->tables.size() * sizeof(int32_t), p->tables.data());
+  Dev lens(p->lens.size() * sizeof(int32_t), p->lens.data());
+  std::unique_ptr<Dev> slopes;
+  DecodeArgs a = p->args;
+  a.q = q.p;
+  a.out = out.p;
+  a.k_cache = k.p;
+  a.v_cache = v.p;
+  a.block_tables = static_cast<const int32_t*>(tables.p);
+  a.seq_lens = static_cast<const int32_t*>(lens.p);
+  a.host_seq_lens = nullptr;  // padded rows: the host copy would fail validation
+  a.host_block_tables = nullptr;
+  if (c.alibi) {
+    slopes = std::make_unique<Dev>(p->slopes.size() * sizeof(float), p->slopes.data());
+    a.alibi_slopes = static_cast<const float*>(slopes->p);
+  }
+  const dgtest::Tolerance t = tol(c.dtype);
+  auto run = [&](auto&& launch, const std::string& what) {
+    sim_ok(cudaMemcpy(out.p, p->poisoned.data(), p->poisoned.bytes, cudaMemcpyHostToDevice), "poison");
+    launch();
+    sim_ok(cudaMemcpy(p->out.data(), out.p, p->poisoned.bytes, cudaMemcpyDeviceToHost), "fetch");
+    EXPECT_TRUE(p->check(t)) << what;
+    EXPECT_TRUE(p->padded_rows_untouched()) << what;
+  };
+  run([&] { paged_attention_v1(a, nullptr); }, "V1 " + describe(c));
+  for (int P : {p_large, p_small}) {
+    const std::size_t wb = v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, P);
+    Dev ws(wb);
+    sim_ok(cudaMemset(ws.p, 0xff, wb), "cudaMemset");  // NaN: the merge reads only fresh partials
+    run([&] { paged_attention_v2(a, P, ws.p, wb, nullptr); }, "V2 " + describe(c, P));
+  }
+  run([&] { naive::paged_attention_v1(a, nullptr); }, "naive " + describe(c));
+}
+
+// Group shapes: GQA groups 1..32 (above 16 splits into head chunks), MHA 40/40, 64/8.
+constexpr std::pair<int, int> kGroups[] = {{4, 2}, {40, 40}, {5, 1}, {24, 1}, {8, 2}, {64, 8},
+                                           {2, 2}, {16, 1}, {10, 2}, {32, 1}, {8, 1}};
+constexpr int kNumGroups = static_cast<int>(sizeof(kGroups) / sizeof(kGroups[0]));
+
+class Sweep : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+
+TEST_P(Sweep, AllBlockSizesLayoutsGroups) {
+  const auto [dtype, head_size] = GetParam();
+  const bool full = full_sweep();
+  const int dt = static_cast<int>(dtype);
+  int combo = 0;
+  for (int bs : {8, 16, 32}) {
+    for (KVLayout layout : {KVLayout::kVLLM, KVLayout::kNHD}) {
+      ++combo;
+      // CI: one group shape per combo, rotated by dtype, head size and combo so every shape
+      // meets every dtype and several head sizes.
+      const int first = (dt * 5 + head_size / 16 + combo) % kNumGroups;
+      for (int gi = 0; gi < (full ? kNumGroups : 1); ++gi) {
+        const auto [qh, kvh] = kGroups[(first + gi) % kNumGroups];
+        const uint64_t seed = 1000 * static_cast<uint64_t>(head_size) + 100 * dt + 10 * combo + gi;
+        const Case c{dtype, head_size, bs, layout, qh, kvh, seed % 3 == 0, seed};
+        const std::vector<sim::Order> orders =
+            full ? std::vector<sim::Order>{sim::Order::kForward, sim::Order::kReverse}
+                 : std::vector<sim::Order>{(combo % 2) ? sim::Order::kForward : sim::Order::kReverse};
+        for (sim::Order o : orders) {
+          sim::set_order(o);
+          SCOPED_TRACE(describe(c));
+          run_case(c);
+        }
+      }
+    }
+  }
+  sim::set_order(sim::Order::kFromEnv);
+}
+
+std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, int>>& info) {
+  return std::string(to_string(std::get<0>(info.param))) + "_D" + std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sim, Sweep,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16,
+                                                              DType::kFloat32),
+                                            ::testing::Values(64, 80, 96, 112, 128, 192, 256)),
+                         param_name);
+
+}  // namespace
