@@ -38,6 +38,10 @@ stage "soak ($soak_steps steps, ASan + UBSan)"
 
 # ---------------------------------------------------------------- 3. fuzzing
 fuzz_ok=0
+if ! command -v clang++ >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "ci-reliability: installing clang and its sanitizer runtimes for fuzzing"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev || true
+fi
 if command -v clang++ >/dev/null 2>&1 && command -v clang >/dev/null 2>&1; then
   probe=$(mktemp -d)
   echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' \
