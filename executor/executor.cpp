@@ -112,6 +112,8 @@ struct Executor::Impl {
 
   std::vector<std::unique_ptr<BackendGraph>> graphs;  // per plan; null until captured
   std::vector<GraphStats> graph_stats;                // per plan
+  // Per plan: bytes of a graph the memory budget rejected, 0 if none (see check_graph_budget).
+  std::vector<std::size_t> rejected_graph_bytes;
   long long steps = 0, rejected = 0;
   int total_captures = 0;
   std::size_t static_bytes = 0;
@@ -150,6 +152,7 @@ struct Executor::Impl {
   int validate(const StepInputs& in);
   void stage(const StepInputs& in, const BucketPlan& plan, int max_len);
   void capture(std::size_t idx);
+  void check_graph_budget(std::size_t idx, std::size_t bytes) const;
 };
 
 // ---------------------------------------------------------------- StepContext
@@ -302,6 +305,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.slot_scratch.resize(mb);
   m.graphs.resize(m.plans.size());
   m.graph_stats.resize(m.plans.size());
+  m.rejected_graph_bytes.resize(m.plans.size());
   for (std::size_t i = 0; i < m.plans.size(); ++i) {
     m.graph_stats[i].batch = m.plans[i].batch;
     m.graph_stats[i].band = m.plans[i].band;
@@ -398,6 +402,7 @@ int Executor::Impl::validate(const StepInputs& in) {
 void Executor::Impl::stage(const StepInputs& in, const BucketPlan& plan, int max_len) {
   const int n = in.num_seqs;
   const int pad = plan.batch - n;
+  const int slots = in.slot_mapping ? n : 0;  // rows [slots, batch) get slot -1
   const std::size_t cols = static_cast<std::size_t>((max_len + cfg.spec.block_size - 1) / cfg.spec.block_size);
   const std::size_t dpitch = static_cast<std::size_t>(cfg.max_blocks_per_seq) * sizeof(int32_t);
   const std::size_t spitch = static_cast<std::size_t>(in.block_table_stride) * sizeof(int32_t);
@@ -405,11 +410,8 @@ void Executor::Impl::stage(const StepInputs& in, const BucketPlan& plan, int max
   if (in.space == MemorySpace::kHost) {
     std::memcpy(seq_lens_h, in.seq_lens, n * sizeof(int32_t));
     std::fill(seq_lens_h + n, seq_lens_h + plan.batch, 0);
-    if (in.slot_mapping)
-      std::memcpy(slot_mapping_h, in.slot_mapping, n * sizeof(int64_t));
-    else
-      std::fill(slot_mapping_h, slot_mapping_h + n, int64_t{-1});
-    std::fill(slot_mapping_h + n, slot_mapping_h + plan.batch, int64_t{-1});
+    if (slots) std::memcpy(slot_mapping_h, in.slot_mapping, slots * sizeof(int64_t));
+    std::fill(slot_mapping_h + slots, slot_mapping_h + plan.batch, int64_t{-1});
     const std::size_t width = cols * sizeof(int32_t);
     for (int i = 0; i < n; ++i)
       std::memcpy(reinterpret_cast<char*>(block_tables_h) + i * dpitch,
@@ -420,12 +422,9 @@ void Executor::Impl::stage(const StepInputs& in, const BucketPlan& plan, int max
   } else {
     backend->stage_2d(seq_lens, 0, in.seq_lens, 0, n * sizeof(int32_t), 1, in.space);
     if (pad) backend->stage_fill(seq_lens + n, 0, pad * sizeof(int32_t));
-    if (in.slot_mapping) {
-      backend->stage_2d(slot_mapping, 0, in.slot_mapping, 0, n * sizeof(int64_t), 1, in.space);
-      if (pad) backend->stage_fill(slot_mapping + n, 0xff, pad * sizeof(int64_t));  // -1
-    } else {
-      backend->stage_fill(slot_mapping, 0xff, plan.batch * sizeof(int64_t));
-    }
+    if (slots) backend->stage_2d(slot_mapping, 0, in.slot_mapping, 0, slots * sizeof(int64_t), 1, in.space);
+    if (slots < plan.batch)
+      backend->stage_fill(slot_mapping + slots, 0xff, (plan.batch - slots) * sizeof(int64_t));  // -1
     backend->stage_2d(block_tables, dpitch, in.block_tables, spitch, cols * sizeof(int32_t), n, in.space);
   }
   backend->staging_done();
@@ -434,6 +433,7 @@ void Executor::Impl::stage(const StepInputs& in, const BucketPlan& plan, int max
 // Captures and instantiates the graph of plan `idx`. On any exception the capture is ended and
 // discarded (no partial graph), and the plan stays uncaptured.
 void Executor::Impl::capture(std::size_t idx) {
+  if (rejected_graph_bytes[idx] != 0) check_graph_budget(idx, rejected_graph_bytes[idx]);  // throws
   detail::NvtxRange range("decodegraph::capture");
   const BucketPlan& plan = plans[idx];
   const auto t0 = std::chrono::steady_clock::now();
@@ -460,13 +460,11 @@ void Executor::Impl::capture(std::size_t idx) {
   const auto t1 = std::chrono::steady_clock::now();
   std::unique_ptr<BackendGraph> g = backend->end_capture_and_instantiate();
   const double inst_ms = ms_since(t1);
-  if (cfg.memory_budget_bytes != 0) {
-    const std::size_t total = static_bytes + workspace_bytes + graph_bytes() + g->bytes();
-    if (total > cfg.memory_budget_bytes)
-      throw_invalid("memory_budget_bytes", cfg.memory_budget_bytes,
-                    ">= " + std::to_string(total) + " bytes to hold the graph of bucket (batch " +
-                        std::to_string(plan.batch) + ", band " + std::to_string(plan.band) +
-                        "), or 0 for unlimited");
+  try {
+    check_graph_budget(idx, g->bytes());
+  } catch (const Error&) {
+    rejected_graph_bytes[idx] = g->bytes();
+    throw;
   }
   GraphStats& s = graph_stats[idx];
   s.captures += 1;
@@ -479,6 +477,22 @@ void Executor::Impl::capture(std::size_t idx) {
             "{:.3f} ms, graph memory {}",
             plan.batch, plan.band, plan.band_lo, plan.band_hi, to_string(plan.kernel), s.nodes,
             capture_ms, inst_ms, mib(graphs[idx]->bytes()));
+}
+
+// Static buffers and workspace are checked against memory_budget_bytes at construction; graph
+// memory is known only once a bucket is captured, so it is checked here, before the graph is kept.
+// With CapturePolicy::kUpFront an over-budget bucket therefore fails construction; with kLazy the
+// step that first needs it throws. Executor memory only grows (graphs are never freed), so a
+// rejected bucket can never fit later: capture() remembers it and throws the same error at once,
+// without capturing it again.
+void Executor::Impl::check_graph_budget(std::size_t idx, std::size_t bytes) const {
+  if (cfg.memory_budget_bytes == 0) return;
+  const std::size_t total = static_bytes + workspace_bytes + graph_bytes() + bytes;
+  if (total > cfg.memory_budget_bytes)
+    throw_invalid("memory_budget_bytes", cfg.memory_budget_bytes,
+                  ">= " + std::to_string(total) + " bytes to hold the graph of bucket (batch " +
+                      std::to_string(plans[idx].batch) + ", band " + std::to_string(plans[idx].band) +
+                      "), or 0 for unlimited");
 }
 
 StepResult Executor::step(const StepInputs& inputs) {

@@ -91,6 +91,8 @@ struct ExecutorConfig {
   /// Attention-only step: append each layer's new K/V at slot_mapping before its attention.
   bool append_kv = true;
   /// Device memory the executor may use (static buffers + workspace + graphs); 0 = unlimited.
+  /// Buffers are checked at construction, each graph at its capture (kUpFront: construction); a
+  /// bucket whose graph does not fit throws on every step that needs it, without being recaptured.
   std::size_t memory_budget_bytes = 0;
   /// spdlog level name ("trace" .. "off"); empty: DECODEGRAPH_LOG_LEVEL, else "warn".
   std::string log_level;
