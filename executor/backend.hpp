@@ -65,7 +65,6 @@ class Backend {
   /// fresh instantiation (kGraphUpdate). Consumes the pending capture.
   virtual void end_capture_and_update(BackendGraph& exec) = 0;
   virtual void launch(BackendGraph& g) = 0;  // kGraphLaunch
-  virtual void synchronize() = 0;
 
   // ------------------------------------------------------------ ops (recorded while capturing)
   virtual void attention_v1(const DecodeArgs& args) = 0;

@@ -47,18 +47,10 @@ class HostBackend final : public Backend {
   Stream stream() const override { return nullptr; }
   int num_sms() const override { return 132; }
 
-  void* alloc(std::size_t bytes) override {
-    if (fault::should_fail(fault::Site::kAlloc)) injected("host alloc (twin of cudaMalloc)", fault::Site::kAlloc);
-    const std::size_t n = (bytes + kAlign - 1) / kAlign * kAlign;
-    void* p = std::aligned_alloc(kAlign, n == 0 ? kAlign : n);
-    if (!p) throw Error("host alloc (twin of cudaMalloc) of " + std::to_string(bytes) + " bytes failed: out of memory");
-    std::memset(p, 0, n == 0 ? kAlign : n);
-    return p;
-  }
+  void* alloc(std::size_t bytes) override { return alloc_zeroed(bytes, "host alloc (twin of cudaMalloc)"); }
   void free(void* p) noexcept override { std::free(p); }
   void* alloc_host(std::size_t bytes) override {
-    if (fault::should_fail(fault::Site::kAlloc)) injected("host alloc (twin of cudaMallocHost)", fault::Site::kAlloc);
-    return alloc_plain(bytes);
+    return alloc_zeroed(bytes, "host alloc (twin of cudaMallocHost)");
   }
   void free_host(void* p) noexcept override { std::free(p); }
 
@@ -122,7 +114,6 @@ class HostBackend final : public Backend {
       injected("host graph launch (twin of cudaGraphLaunch)", fault::Site::kGraphLaunch);
     static_cast<HostGraph&>(g).run();
   }
-  void synchronize() override {}
 
   void attention_v1(const DecodeArgs& args) override {
     enqueue([args] {
@@ -153,11 +144,12 @@ class HostBackend final : public Backend {
     if (fault::should_fail(fault::Site::kKernelLaunch))
       injected((std::string(name) + " launch (twin of a kernel launch)").c_str(), fault::Site::kKernelLaunch);
   }
-  static void* alloc_plain(std::size_t bytes) {
-    const std::size_t n = (bytes + kAlign - 1) / kAlign * kAlign;
-    void* p = std::aligned_alloc(kAlign, n == 0 ? kAlign : n);
-    if (!p) throw Error("host alloc of " + std::to_string(bytes) + " bytes failed: out of memory");
-    std::memset(p, 0, n == 0 ? kAlign : n);
+  static void* alloc_zeroed(std::size_t bytes, const char* call) {
+    if (fault::should_fail(fault::Site::kAlloc)) injected(call, fault::Site::kAlloc);
+    const std::size_t n = bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, n);
+    if (!p) throw Error(std::string(call) + " of " + std::to_string(bytes) + " bytes failed: out of memory");
+    std::memset(p, 0, n);
     return p;
   }
   std::vector<Node> end_capture() {

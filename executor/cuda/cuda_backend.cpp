@@ -137,7 +137,6 @@ class CudaBackend final : public Backend {
     static_cast<CudaGraph&>(exec).update(std::move(g));
   }
   void launch(BackendGraph& g) override { static_cast<CudaGraph&>(g).launch(stream_); }
-  void synchronize() override { DG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   // The eager launchers are capturable and check kKernelLaunch and cudaGetLastError themselves.
   void attention_v1(const DecodeArgs& args) override { paged_attention_v1(args, stream_); }
