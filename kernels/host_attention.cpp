@@ -20,6 +20,7 @@
 #include "decodegraph/error.hpp"
 #include "decodegraph/numeric.hpp"
 #include "kernels/decode_math.hpp"
+#include "kernels/validate.hpp"
 
 namespace decodegraph::host {
 namespace {
@@ -330,16 +331,8 @@ void paged_attention_v1(const DecodeArgs& args) {
 
 void paged_attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
                         std::size_t workspace_bytes) {
-  validate_decode_args(args);
-  validate_partition_size(args.spec, partition_size);
+  const V2WorkspaceLayout w = detail::validate_v2_args(args, partition_size, workspace, workspace_bytes);
   check_host_contents(args);
-  const V2WorkspaceLayout w =
-      v2_workspace_layout(args.spec, args.num_seqs, args.max_seq_len, partition_size);
-  require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 16 == 0,
-          "workspace", workspace == nullptr ? std::string("null") : detail::to_text(workspace),
-          "a non-null pointer aligned to 16 bytes");
-  require(workspace_bytes >= w.total_bytes, "workspace_bytes", workspace_bytes,
-          "at least v2_workspace_size(...) = " + std::to_string(w.total_bytes));
   switch (args.spec.dtype) {
     case DType::kFloat16: return run_v2<Fp16>(args, partition_size, w, workspace);
     case DType::kBFloat16: return run_v2<Bf16>(args, partition_size, w, workspace);

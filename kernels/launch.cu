@@ -9,13 +9,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdint>
-#include <string>
+#include <cstddef>
+#include <type_traits>
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/decode_params.cuh"
+#include "kernels/validate.hpp"
 
 namespace decodegraph {
 namespace {
@@ -23,6 +24,17 @@ namespace {
 using kernels::DecodeParams;
 
 // ---------------------------------------------------------------- dispatch (the one switch)
+
+// Calls f(std::type_identity<T>{}) with T the element type of `dtype`.
+template <typename F>
+void dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat16: return f(std::type_identity<__half>{});
+    case DType::kBFloat16: return f(std::type_identity<__nv_bfloat16>{});
+    case DType::kFloat32: return f(std::type_identity<float>{});
+  }
+  throw_invalid("dtype", static_cast<int>(dtype), "fp16, bf16, fp32");
+}
 
 template <typename T>
 void launch_decode_dtype(const DecodeParams& p, int head_size, bool partials, cudaStream_t s) {
@@ -39,21 +51,7 @@ void launch_decode_dtype(const DecodeParams& p, int head_size, bool partials, cu
 }
 
 void launch_decode(const DecodeParams& p, DType dtype, int head_size, bool partials, cudaStream_t s) {
-  switch (dtype) {
-    case DType::kFloat16: return launch_decode_dtype<__half>(p, head_size, partials, s);
-    case DType::kBFloat16: return launch_decode_dtype<__nv_bfloat16>(p, head_size, partials, s);
-    case DType::kFloat32: return launch_decode_dtype<float>(p, head_size, partials, s);
-  }
-  throw_invalid("dtype", static_cast<int>(dtype), "fp16, bf16, fp32");
-}
-
-void launch_merge(const kernels::MergeParams& p, DType dtype, cudaStream_t s) {
-  switch (dtype) {
-    case DType::kFloat16: return kernels::launch_merge_partitions<__half>(p, s);
-    case DType::kBFloat16: return kernels::launch_merge_partitions<__nv_bfloat16>(p, s);
-    case DType::kFloat32: return kernels::launch_merge_partitions<float>(p, s);
-  }
-  throw_invalid("dtype", static_cast<int>(dtype), "fp16, bf16, fp32");
+  dispatch_dtype(dtype, [&](auto t) { launch_decode_dtype<typename decltype(t)::type>(p, head_size, partials, s); });
 }
 
 DecodeParams decode_params(const DecodeArgs& a) {
@@ -90,13 +88,7 @@ void paged_attention_v1(const DecodeArgs& args, Stream stream) {
 
 void paged_attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
                         std::size_t workspace_bytes, Stream stream) {
-  validate_decode_args(args);
-  validate_partition_size(args.spec, partition_size);
-  const V2WorkspaceLayout ws = v2_workspace_layout(args.spec, args.num_seqs, args.max_seq_len, partition_size);
-  require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 16 == 0, "workspace",
-          workspace, "a non-null device pointer aligned to 16 bytes");
-  require(workspace_bytes >= ws.total_bytes, "workspace_bytes", workspace_bytes,
-          "at least v2_workspace_size(...) = " + std::to_string(ws.total_bytes));
+  const V2WorkspaceLayout ws = detail::validate_v2_args(args, partition_size, workspace, workspace_bytes);
 
   char* base = static_cast<char*>(workspace);
   DecodeParams p = decode_params(args);
@@ -119,7 +111,8 @@ void paged_attention_v2(const DecodeArgs& args, int partition_size, void* worksp
   mp.max_seq_len = args.max_seq_len;
   mp.partition_size = partition_size;
   mp.max_partitions = ws.max_partitions;
-  launch_merge(mp, args.spec.dtype, stream);
+  dispatch_dtype(args.spec.dtype,
+                 [&](auto t) { kernels::launch_merge_partitions<typename decltype(t)::type>(mp, stream); });
 }
 
 void append_kv(const AppendArgs& args, Stream stream) {
@@ -135,12 +128,7 @@ void append_kv(const AppendArgs& args, Stream stream) {
   p.head_size = args.spec.head_size;
   p.block_size = args.spec.block_size;
   p.layout = args.spec.layout;
-  switch (args.spec.dtype) {
-    case DType::kFloat16: return kernels::launch_append_kv<__half>(p, stream);
-    case DType::kBFloat16: return kernels::launch_append_kv<__nv_bfloat16>(p, stream);
-    case DType::kFloat32: return kernels::launch_append_kv<float>(p, stream);
-  }
-  throw_invalid("dtype", static_cast<int>(args.spec.dtype), "fp16, bf16, fp32");
+  dispatch_dtype(args.spec.dtype, [&](auto t) { kernels::launch_append_kv<typename decltype(t)::type>(p, stream); });
 }
 
 bool cuda_device_available() {

@@ -6,6 +6,7 @@
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
+#include "kernels/validate.hpp"
 
 namespace decodegraph {
 namespace {
@@ -104,6 +105,18 @@ V2WorkspaceLayout v2_workspace_layout(const AttentionSpec& spec, int num_seqs, i
 std::size_t v2_workspace_size(const AttentionSpec& spec, int num_seqs, int max_seq_len,
                               int partition_size) {
   return v2_workspace_layout(spec, num_seqs, max_seq_len, partition_size).total_bytes;
+}
+
+V2WorkspaceLayout detail::validate_v2_args(const DecodeArgs& args, int partition_size,
+                                           const void* workspace, std::size_t workspace_bytes) {
+  validate_decode_args(args);
+  validate_partition_size(args.spec, partition_size);
+  const V2WorkspaceLayout w =
+      v2_workspace_layout(args.spec, args.num_seqs, args.max_seq_len, partition_size);
+  require_ptr(workspace, "workspace", kTensorAlign);
+  require(workspace_bytes >= w.total_bytes, "workspace_bytes", workspace_bytes,
+          "at least v2_workspace_size(...) = " + std::to_string(w.total_bytes));
+  return w;
 }
 
 void validate_append_args(const AppendArgs& a) {
