@@ -4,28 +4,21 @@
 // (the caches share the dtype of key/value). Negative slots are skipped.
 #include <cstdint>
 #include <cstring>
-#include <string>
 
 #include "decodegraph/attention.hpp"
-#include "decodegraph/error.hpp"
 #include "kernels/decode_math.hpp"
 
 namespace decodegraph::host {
 
 void append_kv(const AppendArgs& args) {
-  validate_append_args(args);
+  // slot_mapping is host memory here: validation checks every slot before anything is written.
+  AppendArgs checked = args;
+  checked.host_slot_mapping = args.slot_mapping;
+  validate_append_args(checked);
   const AttentionSpec& s = args.spec;
   const int hs = s.head_size, bs = s.block_size, H = s.num_kv_heads;
   const std::size_t esz = dtype_size(s.dtype);
   const int x = math::vllm_x(static_cast<int>(esz));
-  const int64_t num_slots = static_cast<int64_t>(args.num_blocks) * bs;
-
-  // slot_mapping is host memory here: check every slot before writing anything.
-  for (int t = 0; t < args.num_tokens; ++t)
-    require(args.slot_mapping[t] < num_slots, "slot_mapping[" + std::to_string(t) + "]",
-            args.slot_mapping[t],
-            "a negative value (skipped) or 0 .. num_blocks * block_size - 1 = 0 .. " +
-                std::to_string(num_slots - 1));
 
   const auto* key = static_cast<const unsigned char*>(args.key);
   const auto* value = static_cast<const unsigned char*>(args.value);
