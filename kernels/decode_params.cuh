@@ -139,6 +139,9 @@ struct DecodePolicy {
 /// V1 (write_partials = false) or V2 pass 1 over grid (partitions, kv_heads x head chunks, seqs).
 template <typename T, int D>
 void launch_paged_decode(DecodeParams params, bool write_partials, cudaStream_t stream);
+/// cudaOccupancyMaxActiveBlocksPerMultiprocessor of the pass-1 kernel for a GQA group size.
+template <typename T, int D>
+int paged_decode_blocks_per_sm(int group_size);
 template <typename T>
 void launch_merge_partitions(const MergeParams& params, cudaStream_t stream);
 template <typename T>

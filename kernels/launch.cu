@@ -16,6 +16,7 @@
 #include "decodegraph/error.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/decode_params.cuh"
+#include "kernels/occupancy.hpp"
 #include "kernels/validate.hpp"
 
 namespace decodegraph {
@@ -130,6 +131,30 @@ void append_kv(const AppendArgs& args, Stream stream) {
   p.layout = args.spec.layout;
   dispatch_dtype(args.spec.dtype, [&](auto t) { kernels::launch_append_kv<typename decltype(t)::type>(p, stream); });
 }
+
+namespace kernels {
+
+int pass1_blocks_per_sm_on_device(const AttentionSpec& spec) {
+  validate_spec(spec);
+  int blocks = 0;
+  dispatch_dtype(spec.dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    const int g = spec.group_size();
+    switch (spec.head_size) {
+      case 64: blocks = paged_decode_blocks_per_sm<T, 64>(g); break;
+      case 80: blocks = paged_decode_blocks_per_sm<T, 80>(g); break;
+      case 96: blocks = paged_decode_blocks_per_sm<T, 96>(g); break;
+      case 112: blocks = paged_decode_blocks_per_sm<T, 112>(g); break;
+      case 128: blocks = paged_decode_blocks_per_sm<T, 128>(g); break;
+      case 192: blocks = paged_decode_blocks_per_sm<T, 192>(g); break;
+      case 256: blocks = paged_decode_blocks_per_sm<T, 256>(g); break;
+      default: throw_invalid("head_size", spec.head_size, "64, 80, 96, 112, 128, 192, 256");
+    }
+  });
+  return blocks;
+}
+
+}  // namespace kernels
 
 bool cuda_device_available() {
   int n = 0;

@@ -328,6 +328,21 @@ __global__ void __launch_bounds__(512) PagedDecodeV2Kernel(const __grid_constant
 
 // ---------------------------------------------------------------- launcher
 
+/// Threads of a pass-1 block serving a GQA group of `group_size` query heads.
+template <typename T, int D>
+int paged_decode_threads(int group_size) {
+  using Pol = DecodePolicy<sizeof(T), D>;
+  return cmax(Pol::kMinThreads, Pol::kLanes * next_pow2(cmin(group_size, Pol::kMaxHeadsPerBlock)));
+}
+
+template <typename T, int D>
+int paged_decode_blocks_per_sm(int group_size) {
+  int blocks = 0;
+  DG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, PagedDecodeV2Kernel<T, D>,
+                                                              paged_decode_threads<T, D>(group_size), 0));
+  return blocks;
+}
+
 template <typename T, int D>
 void launch_paged_decode(DecodeParams p, bool write_partials, cudaStream_t stream) {
   using Pol = DecodePolicy<sizeof(T), D>;
@@ -335,7 +350,7 @@ void launch_paged_decode(DecodeParams p, bool write_partials, cudaStream_t strea
   const int gy = next_pow2(cmin(p.group_size, Pol::kMaxHeadsPerBlock));
   p.heads_per_block = gy;
   p.head_chunks = (p.group_size + gy - 1) / gy;
-  const int threads = cmax(Pol::kMinThreads, Pol::kLanes * gy);
+  const int threads = paged_decode_threads<T, D>(p.group_size);
   // Grid y and z are limited to 65535 blocks.
   require(p.num_seqs <= 65535, "num_seqs", p.num_seqs, "at most 65535 per launch");
   require(p.num_kv_heads * p.head_chunks <= 65535, "num_kv_heads", p.num_kv_heads,

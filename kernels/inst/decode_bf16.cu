@@ -13,6 +13,13 @@ template void launch_paged_decode<__nv_bfloat16, 112>(DecodeParams, bool, cudaSt
 template void launch_paged_decode<__nv_bfloat16, 128>(DecodeParams, bool, cudaStream_t);
 template void launch_paged_decode<__nv_bfloat16, 192>(DecodeParams, bool, cudaStream_t);
 template void launch_paged_decode<__nv_bfloat16, 256>(DecodeParams, bool, cudaStream_t);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, 64>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, 80>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, 96>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, 112>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, 128>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, 192>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, 256>(int);
 template void launch_merge_partitions<__nv_bfloat16>(const MergeParams&, cudaStream_t);
 template void launch_append_kv<__nv_bfloat16>(const AppendParams&, cudaStream_t);
 

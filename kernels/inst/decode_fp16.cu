@@ -13,6 +13,13 @@ template void launch_paged_decode<__half, 112>(DecodeParams, bool, cudaStream_t)
 template void launch_paged_decode<__half, 128>(DecodeParams, bool, cudaStream_t);
 template void launch_paged_decode<__half, 192>(DecodeParams, bool, cudaStream_t);
 template void launch_paged_decode<__half, 256>(DecodeParams, bool, cudaStream_t);
+template int paged_decode_blocks_per_sm<__half, 64>(int);
+template int paged_decode_blocks_per_sm<__half, 80>(int);
+template int paged_decode_blocks_per_sm<__half, 96>(int);
+template int paged_decode_blocks_per_sm<__half, 112>(int);
+template int paged_decode_blocks_per_sm<__half, 128>(int);
+template int paged_decode_blocks_per_sm<__half, 192>(int);
+template int paged_decode_blocks_per_sm<__half, 256>(int);
 template void launch_merge_partitions<__half>(const MergeParams&, cudaStream_t);
 template void launch_append_kv<__half>(const AppendParams&, cudaStream_t);
 

@@ -13,6 +13,13 @@ template void launch_paged_decode<float, 112>(DecodeParams, bool, cudaStream_t);
 template void launch_paged_decode<float, 128>(DecodeParams, bool, cudaStream_t);
 template void launch_paged_decode<float, 192>(DecodeParams, bool, cudaStream_t);
 template void launch_paged_decode<float, 256>(DecodeParams, bool, cudaStream_t);
+template int paged_decode_blocks_per_sm<float, 64>(int);
+template int paged_decode_blocks_per_sm<float, 80>(int);
+template int paged_decode_blocks_per_sm<float, 96>(int);
+template int paged_decode_blocks_per_sm<float, 112>(int);
+template int paged_decode_blocks_per_sm<float, 128>(int);
+template int paged_decode_blocks_per_sm<float, 192>(int);
+template int paged_decode_blocks_per_sm<float, 256>(int);
 template void launch_merge_partitions<float>(const MergeParams&, cudaStream_t);
 template void launch_append_kv<float>(const AppendParams&, cudaStream_t);
 

@@ -3,6 +3,7 @@
 // backend.
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
+#include "kernels/occupancy.hpp"
 
 namespace decodegraph {
 
@@ -19,5 +20,11 @@ void append_kv(const AppendArgs&, Stream) {
 }
 
 bool cuda_device_available() { return false; }
+
+namespace kernels {
+int pass1_blocks_per_sm_on_device(const AttentionSpec&) {
+  throw Error("pass1_blocks_per_sm_on_device: decodegraph was built without CUDA; use pass1_resources");
+}
+}  // namespace kernels
 
 }  // namespace decodegraph
