@@ -5,8 +5,9 @@
 #   2. no pass-1 main loop has scalar 2-byte shared stores (STS.U16 / STS.16);
 #   3. pass 1 for bf16, head 128, GQA 4 executes at most 0.30 warp-instructions per K+V byte.
 # A regression guard read off the SASS, not a performance claim (docs/kernel-report.md).
+# Before the guard, scripts/kernel_report/selftest.py checks the report on a fixture kernel.
 # Safe from a fresh clone: the report creates its venv (cuobjdump, nvdisasm from PyPI) under
-# $BUILD_DIR (default build). Skips, exit 0, only when nvcc is absent. About 1 minute on 2 cores.
+# $BUILD_DIR (default build). Skips, exit 0, only when nvcc is absent. About 1.5 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -18,7 +19,10 @@ if [ -z "$nvcc" ]; then
   echo "ci-static: SKIPPED: nvcc not found (no CUDA toolkit at /usr/local/cuda or on PATH); the static guard needs it"
   exit 0
 fi
+export NVCC=$nvcc
 status=0
-NVCC=$nvcc scripts/kernel_report.sh --guard "$@" || status=$?
+# First the report itself, on a fixture shaped like the coming pass-1 kernel (cp.async, dynamic smem).
+python3 scripts/kernel_report/selftest.py "${BUILD_DIR:-build}" || status=$?
+scripts/kernel_report.sh --guard "$@" || status=$?
 echo "ci-static: $(( $(date +%s) - start )) s, exit $status"
 exit $status

@@ -28,6 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_DIR = ROOT / "scripts" / "kernel_report"
+SRC = ROOT  # whose kernels/inst/*.cu are compiled (--source-root; the self-test points it at a fixture)
+
+
+def include_flags() -> list[str]:
+    dirs = [SRC, SRC / "include"] + ([ROOT, ROOT / "include"] if SRC != ROOT else [])
+    return [f"-I{d}" for d in dirs]
 
 # ---------------------------------------------------------------- H200 (sm_90) per-SM limits
 SM_REGISTERS = 65536
@@ -70,7 +76,8 @@ class Unit:
 
 def newest_input() -> float:
     """Newest mtime of anything a kernels/inst/*.cu can include (kernels/, include/)."""
-    return max(p.stat().st_mtime for d in ("kernels", "include") for p in (ROOT / d).rglob("*") if p.is_file())
+    return max(p.stat().st_mtime for root in {SRC, ROOT} for d in ("kernels", "include")
+               for p in (root / d).rglob("*") if p.is_file())
 
 
 def compile_unit(nvcc: str, src: Path, out: Path, newest: float) -> Unit:
@@ -78,7 +85,7 @@ def compile_unit(nvcc: str, src: Path, out: Path, newest: float) -> Unit:
     kernels/ or include/ and neither the flags nor nvcc changed."""
     keep = out / src.stem
     obj, log_file, stamp = keep / (src.stem + ".o"), keep / "ptxas.log", keep / "command"
-    cmd = [nvcc, *NVCC_FLAGS, f"-I{ROOT}", f"-I{ROOT / 'include'}", "--keep", "--keep-dir", str(keep),
+    cmd = [nvcc, *NVCC_FLAGS, *include_flags(), "--keep", "--keep-dir", str(keep),
            "-c", str(src), "-o", str(obj)]
     fresh = (obj.exists() and log_file.exists() and stamp.exists() and stamp.read_text() == " ".join(cmd)
              and obj.stat().st_mtime > newest)
@@ -515,7 +522,7 @@ def run_probe(units: list[Unit], out: Path, groups: list[int]) -> tuple[list[dic
     (out / "probe_instances.inc").write_text("\n".join(inc) + "\n")
     cxx = os.environ.get("CXX", "g++")
     cuda_inc = Path(os.environ["NVCC_PATH"]).resolve().parent.parent / "include"
-    flags = ["-std=c++20", "-O1", f"-I{out}", f"-I{PROBE_DIR}", f"-I{ROOT}", f"-I{ROOT / 'include'}", f"-I{cuda_inc}"]
+    flags = ["-std=c++20", "-O1", f"-I{out}", f"-I{PROBE_DIR}", *include_flags(), f"-I{cuda_inc}"]
     run([cxx, *flags, "-c", str(PROBE_DIR / "probe.cpp"), "-o", str(out / "probe.o")])
     run([cxx, *flags, "-c", str(PROBE_DIR / "fake_cudart.cpp"), "-o", str(out / "fake_cudart.o")])
     try:
@@ -556,7 +563,7 @@ def short_name(demangled: str) -> str:
             if depth == 0:
                 s = s[:i]
                 break
-    s = re.sub(r"\b\w+::", "", s)
+    s = re.sub(r"\(anonymous namespace\)::|\b\w+::", "", s)
     for a, b in (("__nv_bfloat16", "bf16"), ("__half", "fp16"), ("float", "fp32"), ("__nv_fp8_e4m3", "fp8e4m3"),
                  ("__nv_fp8_e5m2", "fp8e5m2")):
         s = re.sub(rf"\b{a}\b", b, s)
@@ -629,7 +636,13 @@ def build_rows(units: list[Unit], sass: dict[str, Function], res: dict[str, dict
     launched = set()
     for la in launches:
         launched.add(la["kernel"])
-    entries = [(la["kernel"], la) for la in launches] + [(k, None) for k in sorted(sass) if k not in launched]
+    seen, unique = set(), []
+    for la in launches:  # the probe launches every layout and block size; most reach the same kernel
+        key = (la["kernel"], la["family"], la.get("group"), la["threads"], la["dynamic_smem"], la.get("row_tokens"))
+        if key not in seen:
+            seen.add(key)
+            unique.append(la)
+    entries = [(la["kernel"], la) for la in unique] + [(k, None) for k in sorted(sass) if k not in launched]
     cache: dict[tuple, tuple] = {}
     for mangled, la in entries:
         if mangled not in sass:
@@ -777,6 +790,7 @@ def main() -> int:
     ap.add_argument("--filter", metavar="REGEX", help="print only rows whose kernel name matches")
     ap.add_argument("--tools", required=True, help="folder holding cuobjdump and nvdisasm")
     ap.add_argument("--build-dir", required=True, help="scratch folder (objects, cubins, probe)")
+    ap.add_argument("--source-root", help="compile SOURCE_ROOT/kernels/inst/*.cu instead (self-test)")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", os.cpu_count() or 2)))
     args = ap.parse_args()
 
@@ -787,7 +801,10 @@ def main() -> int:
     out = Path(args.build_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    srcs = sorted((ROOT / "kernels" / "inst").glob("*.cu"))
+    global SRC
+    if args.source_root:
+        SRC = Path(args.source_root).resolve()
+    srcs = sorted((SRC / "kernels" / "inst").glob("*.cu"))
     if not srcs:
         raise ToolError("no kernels/inst/*.cu found")
     nvcc_version = run([nvcc, "--version"]).strip().splitlines()[-2].strip()
