@@ -219,6 +219,8 @@ def classify(ins: Instr) -> str | None:
         return "hmma"
     if b == "BAR":
         return "bar"
+    if b in ("LDGDEPBAR", "DEPBAR"):  # cp.async commit / wait: shown by --verbose, not a column
+        return "depbar"
     return None
 
 
@@ -397,6 +399,8 @@ def trip_count(f: Function, lp: Loop, threads: int | None, row_tokens: int | Non
     if len(s.operands) != 5 or s.operands[1] != "PT" or s.operands[4] != "PT" or "AND" not in mods or "EX" in mods:
         return None, f"condition too complex: {s.text}"
     cmp = next((m for m in mods if m in CMP), None)
+    if cmp is None:
+        return None, f"comparison not understood: {s.text}"
     unsigned = "U32" in mods
     a, b = reg_name(s.operands[2]), s.operands[3]
     body = loop_instrs(f, lp, direct_only=False)
@@ -691,7 +695,7 @@ def loads16(f: Function, reports: list[LoopReport]) -> float:
         parent = next((p for p in reports if rep.lp in p.lp.children), None)
         mult[id(rep.lp)] = (rep.trips or 0) * (mult[id(parent.lp)] if parent else 1)
         for ins in loop_instrs(f, rep.lp, direct_only=True):
-            if is_kv_load(ins) and ("128" in ins.op.split(".") or ins.base == "LDGSTS"):
+            if is_kv_load(ins) and "128" in ins.op.split("."):
                 total += mult[id(rep.lp)]
     return total
 
