@@ -6,7 +6,8 @@
 #   3. pass 1 for bf16, head 128, GQA 4 executes at most 0.30 warp-instructions per K+V byte;
 #   4. the report's probe launched every kernel (so 1-3 could be checked).
 # A regression guard read off the SASS, not a performance claim (docs/kernel-report.md).
-# Before the guard, scripts/kernel_report/selftest.py checks the report on a fixture kernel.
+# Before the guard, scripts/kernel_report/selftest.py checks the report on two fixture kernels (one
+# shaped like the coming pass-1 kernel, one the guard must reject).
 # Safe from a fresh clone: the report creates its venv (cuobjdump, nvdisasm from PyPI) under
 # $BUILD_DIR (default build). Skips, exit 0, only when nvcc is absent. About 1.5 minutes on 2 cores.
 set -euo pipefail
@@ -22,7 +23,7 @@ if [ -z "$nvcc" ]; then
 fi
 export NVCC=$nvcc
 status=0
-# First the report itself, on a fixture shaped like the coming pass-1 kernel (cp.async, dynamic smem).
+# First the report itself, on its fixtures (scripts/kernel_report/selftest.py).
 python3 scripts/kernel_report/selftest.py "${BUILD_DIR:-build}" || status=$?
 scripts/kernel_report.sh --guard "$@" || status=$?
 echo "ci-static: $(( $(date +%s) - start )) s, exit $status"
