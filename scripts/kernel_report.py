@@ -221,11 +221,14 @@ def classify(ins: Instr) -> str | None:
         return "bar"
     if b in ("LDGDEPBAR", "DEPBAR"):  # cp.async commit / wait: shown by --verbose, not a column
         return "depbar"
+    if b in ("UBLKCP", "UTMALDG"):  # bulk / TMA copies: shown by --verbose, not a column
+        return "tma"
     return None
 
 
 def is_kv_load(ins: Instr) -> bool:
-    return ins.base == "LDGSTS" or (ins.base == "LDG" and "128" in ins.op.split("."))
+    """A K/V tile load: a 16-byte LDG, cp.async (LDGSTS) or a Hopper bulk / tensor-map copy."""
+    return ins.base in ("LDGSTS", "UBLKCP", "UTMALDG") or (ins.base == "LDG" and "128" in ins.op.split("."))
 
 
 # ---------------------------------------------------------------- 3. loops and trip counts
@@ -695,7 +698,7 @@ def loads16(f: Function, reports: list[LoopReport]) -> float:
         parent = next((p for p in reports if rep.lp in p.lp.children), None)
         mult[id(rep.lp)] = (rep.trips or 0) * (mult[id(parent.lp)] if parent else 1)
         for ins in loop_instrs(f, rep.lp, direct_only=True):
-            if is_kv_load(ins) and "128" in ins.op.split("."):
+            if ins.base in ("LDG", "LDGSTS") and "128" in ins.op.split("."):
                 total += mult[id(rep.lp)]
     return total
 
