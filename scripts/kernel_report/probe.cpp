@@ -1,0 +1,198 @@
+// Launch probe of the kernel report (scripts/kernel_report.py). It calls every launcher that
+// kernels/inst/*.cu instantiates (the list, probe_instances.inc, is generated from the objects'
+// symbols) with a representative problem, linked against fake_cudart.cpp instead of cudart, and
+// prints one line per launch: the kernel's mangled name, its block size and dynamic shared memory
+// as the launcher chose them, and the hints the SASS count needs (K+V bytes and tokens per
+// main-loop iteration, tokens per row for loops whose bound is a runtime value).
+//
+// This file is the one place that knows the launchers' signatures and the pass-1 policy. When the
+// kernels change them, change it here; kernel_report.py stays as it is.
+//
+// Usage: probe GROUP... (GQA group sizes for the pass-1 launches). Output: "launch key=value ..."
+// lines; a launcher that throws prints "error ..." and the probe exits 1.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "decodegraph/error.hpp"
+#include "decodegraph/fault.hpp"
+#include "fake_cudart.hpp"
+#include "kernels/decode_params.cuh"
+
+// The probe is never fault-injected; the launchers only ask.
+namespace decodegraph::fault {
+bool should_fail(Site) { return false; }
+}  // namespace decodegraph::fault
+
+namespace {
+
+using namespace decodegraph;
+using namespace decodegraph::kernels;
+
+template <typename T>
+constexpr const char* dtype_name() {
+  if constexpr (std::is_same_v<T, __half>) return "fp16";
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return "bf16";
+  if constexpr (std::is_same_v<T, float>) return "fp32";
+  return "unknown";
+}
+
+std::function<void(const FakeLaunch&)> g_on_launch;
+int g_launches = 0;
+
+// Any non-null, 256-byte aligned address: nothing is dereferenced on the host.
+template <typename P>
+P fake_ptr(std::uintptr_t i) {
+  return reinterpret_cast<P>(static_cast<std::uintptr_t>(0x10000000) * (i + 1));
+}
+
+void print_launch(const char* family, const FakeLaunch& l, const std::string& extra) {
+  std::printf("launch family=%s kernel=%s threads=%u dynamic_smem=%zu %s\n", family, l.kernel ? l.kernel : "?",
+              l.block[0] * l.block[1] * l.block[2], l.dynamic_smem, extra.c_str());
+}
+
+/// Runs `launch` and checks that it launched exactly one kernel. `may_reject`: an Error from the
+/// launcher only means the combination is not supported.
+template <typename F>
+void expect_one_launch(const char* what, F&& launch, bool may_reject = false) {
+  const int before = g_launches;
+  try {
+    launch();
+  } catch (const Error& e) {
+    if (may_reject) return;
+    std::printf("error %s: %s\n", what, e.what());
+    std::exit(1);
+  }
+  if (g_launches != before + 1) {
+    std::printf("error %s: expected one launch, saw %d\n", what, g_launches - before);
+    std::exit(1);
+  }
+}
+
+std::vector<int> g_groups;
+
+// ---------------------------------------------------------------- pass 1 (V1 and V2)
+// Hints (per launch, from the policy and the params the launcher passed to the kernel):
+//   tile_tokens   tokens one main-loop iteration stages (DecodePolicy::kTile)
+//   kv_tile_bytes K + V bytes of those tokens
+//   row_tokens    tokens per row per tile: the trip count of the per-token loops, whose bound is a
+//                 runtime value (kTile / (rows / heads_per_block), rows = threads / kLanes)
+// Every layout and block size is launched, so a kernel that takes them as template parameters shows
+// each variant; kernel_report.py drops repeated (kernel, group) launches. A combination the launcher
+// rejects is skipped.
+template <typename T, int D>
+void probe_pass1() {
+  using Pol = DecodePolicy<sizeof(T), D>;
+  for (const int group : g_groups)
+  for (const KVLayout layout : {KVLayout::kVLLM, KVLayout::kNHD})
+  for (const int block_size : {8, 16, 32}) {
+    for (const bool v2 : {false, true}) {
+      DecodeParams p;
+      p.q = fake_ptr<const void*>(0);
+      p.out = fake_ptr<void*>(1);
+      p.k_cache = fake_ptr<const void*>(2);
+      p.v_cache = fake_ptr<const void*>(3);
+      p.block_tables = fake_ptr<const int32_t*>(4);
+      p.seq_lens = fake_ptr<const int32_t*>(5);
+      p.num_seqs = 1;
+      p.num_kv_heads = 8;
+      p.num_q_heads = 8 * group;
+      p.block_size = block_size;
+      p.layout = layout;
+      p.max_seq_len = 32768;
+      p.block_table_stride = p.max_seq_len / p.block_size;
+      p.partition_size = v2 ? 512 : p.max_seq_len;
+      p.max_partitions = v2 ? p.max_seq_len / 512 : 1;
+      if (v2) {
+        p.max_logits = fake_ptr<float*>(6);
+        p.exp_sums = fake_ptr<float*>(7);
+        p.partial_out = fake_ptr<float*>(8);
+      }
+      g_on_launch = [&](const FakeLaunch& l) {
+        const auto* kp = static_cast<const DecodeParams*>(l.args[0]);
+        const int threads = static_cast<int>(l.block[0] * l.block[1] * l.block[2]);
+        const int rows = threads / Pol::kLanes;
+        const int slices = rows / kp->heads_per_block;
+        const int row_tokens = slices > 0 ? Pol::kTile / slices : 0;
+        print_launch("pass1", l,
+                     std::string("dtype=") + dtype_name<T>() + " head_size=" + std::to_string(D) +
+                         " group=" + std::to_string(group) + " tile_tokens=" + std::to_string(Pol::kTile) +
+                         " kv_tile_bytes=" + std::to_string(2 * Pol::kTile * D * sizeof(T)) +
+                         " row_tokens=" + std::to_string(row_tokens));
+      };
+      expect_one_launch("launch_paged_decode", [&] { launch_paged_decode<T, D>(p, v2, nullptr); },
+                        /*may_reject=*/layout != KVLayout::kVLLM || block_size != 16);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- merge (V2 pass 2)
+// Its block depends on the head size only; reported at head size 128.
+template <typename T>
+void probe_merge() {
+  MergeParams p;
+  p.max_logits = fake_ptr<const float*>(0);
+  p.exp_sums = fake_ptr<const float*>(1);
+  p.partial_out = fake_ptr<const float*>(2);
+  p.out = fake_ptr<void*>(3);
+  p.seq_lens = fake_ptr<const int32_t*>(4);
+  p.num_seqs = 1;
+  p.num_q_heads = 32;
+  p.head_size = 128;
+  p.max_seq_len = 32768;
+  p.partition_size = 512;
+  p.max_partitions = 64;
+  g_on_launch = [&](const FakeLaunch& l) {
+    print_launch("merge", l, std::string("dtype=") + dtype_name<T>() + " head_size=128");
+  };
+  expect_one_launch("launch_merge_partitions", [&] { launch_merge_partitions<T>(p, nullptr); });
+}
+
+// ---------------------------------------------------------------- KV append
+template <typename T>
+void probe_append() {
+  AppendParams p;
+  p.key = fake_ptr<const void*>(0);
+  p.value = fake_ptr<const void*>(1);
+  p.k_cache = fake_ptr<void*>(2);
+  p.v_cache = fake_ptr<void*>(3);
+  p.slot_mapping = fake_ptr<const int64_t*>(4);
+  p.num_tokens = 8;
+  p.num_kv_heads = 8;
+  p.head_size = 128;
+  p.block_size = 16;
+  g_on_launch = [&](const FakeLaunch& l) {
+    print_launch("append", l, std::string("dtype=") + dtype_name<T>() + " head_size=128");
+  };
+  expect_one_launch("launch_append_kv", [&] { launch_append_kv<T>(p, nullptr); });
+}
+
+}  // namespace
+
+void fake_cudart_on_launch(const FakeLaunch& launch) {
+  ++g_launches;
+  if (g_on_launch) g_on_launch(launch);
+}
+
+void fake_cudart_on_smem_optin(const char* kernel, int bytes) {
+  std::printf("smem_optin kernel=%s bytes=%d\n", kernel ? kernel : "?", bytes);
+}
+
+// One macro per launcher the probe knows; probe_instances.inc names each instantiation found.
+#define DG_PROBE_launch_paged_decode(...) probe_pass1<__VA_ARGS__>();
+#define DG_PROBE_launch_merge_partitions(...) probe_merge<__VA_ARGS__>();
+#define DG_PROBE_launch_append_kv(...) probe_append<__VA_ARGS__>();
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) g_groups.push_back(std::atoi(argv[i]));
+  if (g_groups.empty()) g_groups = {1, 4, 8};
+#include "probe_instances.inc"
+  return 0;
+}
