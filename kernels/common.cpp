@@ -105,7 +105,7 @@ KVLayout parse_layout(const std::string& name) {
 }
 
 float AttentionSpec::effective_scale() const {
-  return scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
+  return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
 }
 
 std::size_t AttentionSpec::block_elems() const {
@@ -128,8 +128,9 @@ void validate_spec(const AttentionSpec& spec) {
   require(d >= 0 && d <= 2, "dtype", d, kDTypeAllowed);
   const int l = static_cast<int>(spec.layout);
   require(l >= 0 && l <= 1, "layout", l, kLayoutAllowed);
-  require(std::isfinite(spec.scale), "scale", spec.scale,
-          "a finite value (<= 0 selects 1/sqrt(head_size))");
+  // A negative scale is a sign error in the caller, not a request for the default (0 is).
+  require(std::isfinite(spec.scale) && spec.scale >= 0.0f, "spec.scale", spec.scale,
+          "0 (selects 1/sqrt(head_size)) or a finite value > 0");
 }
 
 }  // namespace decodegraph
