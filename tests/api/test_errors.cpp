@@ -7,7 +7,7 @@
 #include <cctype>
 #include <functional>
 #include <string>
-#include <typeinfo>
+#include <type_traits>
 #include <vector>
 
 #include "decodegraph/error.hpp"
