@@ -6,7 +6,7 @@
 # run a deadline, so a slow stage is cut (reported as TIMEOUT) rather than overrunning.
 #
 #   usage: bench/gpu_check.sh OUT_DIR
-#   env:   CMAKE_PREFIX_PATH   prefix of offline deps (see shared/gpu/README.md), passed to CMake
+#   env:   CMAKE_PREFIX_PATH   prefix of offline deps (scripts/fetch-gpu-deps.sh), passed to CMake
 #          CUDA_ARCH           e.g. 90; default: nvidia-smi's compute capability, else "native"
 #          BUILD_DIR           default: <repo>/build-gpu-check (git-ignored and kept, so a rerun builds
 #                              incrementally; the only thing written outside OUT_DIR)

@@ -11,9 +11,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,11 +46,33 @@ std::shared_ptr<spdlog::logger> dg_logger() {
   return logger;
 }
 
-spdlog::level::level_enum parse_level(const std::string& name, const char* param) {
-  const auto lvl = spdlog::level::from_str(name);
-  if (lvl == spdlog::level::off && name != "off")
-    throw_invalid(param, name, "trace, debug, info, warn, err, critical, off");
-  return lvl;
+constexpr const char* kLevelNames = "trace, debug, info, warn, err, critical, off (any case)";
+
+/// A log level name in any case ("warning" and "error" too); nullopt for anything else.
+std::optional<spdlog::level::level_enum> parse_level(std::string name) {
+  using spdlog::level::level_enum;
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  static const std::pair<const char*, level_enum> kNames[] = {
+      {"trace", level_enum::trace}, {"debug", level_enum::debug},       {"info", level_enum::info},
+      {"warn", level_enum::warn},   {"warning", level_enum::warn},      {"err", level_enum::err},
+      {"error", level_enum::err},   {"critical", level_enum::critical}, {"off", level_enum::off}};
+  for (const auto& [n, lvl] : kNames)
+    if (name == n) return lvl;
+  return std::nullopt;
+}
+
+/// A bad DECODEGRAPH_LOG_LEVEL is the environment's mistake, not the caller's: warn once per
+/// distinct value (not once per Executor) and keep the default.
+void warn_bad_env_level(spdlog::logger& log, const std::string& value) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(value).second) return;
+  }
+  log.warn("DECODEGRAPH_LOG_LEVEL = \"{}\" is not a log level (allowed: {}); using the default, warn",
+           value, kLevelNames);
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -227,9 +253,13 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   Impl& m = *impl_;
   m.log = dg_logger();
   if (!config.log_level.empty()) {
-    m.log->set_level(parse_level(config.log_level, "log_level"));
+    const auto level = parse_level(config.log_level);
+    if (!level) throw_invalid("log_level", config.log_level, kLevelNames);
+    m.log->set_level(*level);
   } else if (const char* env = std::getenv("DECODEGRAPH_LOG_LEVEL"); env && *env) {
-    m.log->set_level(parse_level(env, "DECODEGRAPH_LOG_LEVEL"));
+    const auto level = parse_level(env);
+    m.log->set_level(level.value_or(spdlog::level::warn));
+    if (!level) warn_bad_env_level(*m.log, env);
   } else {
     m.log->set_level(spdlog::level::warn);
   }

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "decodegraph/error.hpp"
+
 namespace decodegraph::fault {
 namespace {
 
@@ -89,6 +91,12 @@ bool should_fail(Site site) {
   // fired stays readable after the last failure; only the mask bit goes.
   if (s.count == 0) g_armed_mask.fetch_and(~bit(site), std::memory_order_relaxed);
   return true;
+}
+
+void throw_injected(Site site, const std::string& call) {
+  const std::string msg = call + " failed: injected fault (site " + to_string(site) + ")";
+  if (site == Site::kAlloc) throw OutOfMemory(msg);
+  throw CudaError(msg, kInjectedFaultCode);
 }
 
 }  // namespace decodegraph::fault

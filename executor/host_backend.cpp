@@ -21,9 +21,7 @@ namespace {
 
 constexpr std::size_t kAlign = 256;
 
-[[noreturn]] void injected(const char* call, fault::Site site) {
-  throw Error(std::string(call) + " failed: injected fault (site " + fault::to_string(site) + ")");
-}
+[[noreturn]] void injected(const char* call, fault::Site site) { fault::throw_injected(site, call); }
 
 using Node = std::function<void()>;
 
@@ -148,7 +146,7 @@ class HostBackend final : public Backend {
     if (fault::should_fail(fault::Site::kAlloc)) injected(call, fault::Site::kAlloc);
     const std::size_t n = bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
     void* p = std::aligned_alloc(kAlign, n);
-    if (!p) throw Error(std::string(call) + " of " + std::to_string(bytes) + " bytes failed: out of memory");
+    if (!p) throw OutOfMemory(std::string(call) + " of " + std::to_string(bytes) + " bytes failed: out of memory");
     std::memset(p, 0, n);
     return p;
   }

@@ -10,9 +10,7 @@
 namespace decodegraph::graphs {
 namespace {
 
-[[noreturn]] void injected(const char* call, fault::Site site) {
-  throw Error(std::string(call) + " failed: injected fault (site " + fault::to_string(site) + ")");
-}
+[[noreturn]] void injected(const char* call, fault::Site site) { fault::throw_injected(site, call); }
 
 const char* instantiate_result_text(cudaGraphInstantiateResult r) {
   switch (r) {
@@ -74,8 +72,10 @@ GraphExec GraphExec::instantiate(const Graph& graph) {
     // result_out stays at its zero value (success) when the driver rejects the call before filling it.
     const char* result = params.result_out == cudaGraphInstantiateSuccess ? "not reported"
                                                                           : instantiate_result_text(params.result_out);
-    throw Error(std::string("cudaGraphInstantiate failed: ") + cudaGetErrorName(err) + " (" +
-                cudaGetErrorString(err) + "), result: " + result + ", offending node: " + node);
+    const std::string msg = std::string("cudaGraphInstantiate failed: ") + cudaGetErrorName(err) + " (" +
+                            cudaGetErrorString(err) + "), result: " + result + ", offending node: " + node;
+    if (err == cudaErrorMemoryAllocation) throw OutOfMemory(msg);
+    throw CudaError(msg, err != cudaSuccess ? err : cudaErrorUnknown);
   }
   return e;
 }
@@ -130,10 +130,11 @@ Graph CaptureScope::end() {
   if (fault::should_fail(fault::Site::kCaptureEnd)) injected("cudaStreamEndCapture", fault::Site::kCaptureEnd);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    throw Error(std::string("cudaStreamEndCapture failed: ") + cudaGetErrorName(err) + " (" +
-                cudaGetErrorString(err) + "); the capture was invalidated by an operation inside it");
+    throw CudaError(std::string("cudaStreamEndCapture failed: ") + cudaGetErrorName(err) + " (" +
+                        cudaGetErrorString(err) + "); the capture was invalidated by an operation inside it",
+                    err);
   }
-  if (!graph) throw Error("cudaStreamEndCapture failed: returned no graph");
+  if (!graph) throw CudaError("cudaStreamEndCapture failed: returned no graph", cudaErrorUnknown);
   return graph;
 }
 

@@ -1,5 +1,5 @@
-// Value-type helpers declared in types.hpp and version.hpp: sizes, names, parsing, spec checks.
-// Host-only, no CUDA dependency (builds in every configuration).
+// Value-type helpers declared in types.hpp and error.hpp: sizes, names, parsing, spec checks, the
+// sticky-CUDA-error table. Host-only, no CUDA dependency (builds in every configuration).
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -7,19 +7,32 @@
 
 #include "decodegraph/error.hpp"
 #include "decodegraph/types.hpp"
-#include "decodegraph/version.hpp"
-
-#ifndef DECODEGRAPH_VERSION_STRING
-#error "DECODEGRAPH_VERSION_STRING must be defined by the build (CMakeLists.txt)"
-#endif
-#ifndef DECODEGRAPH_HAS_CUDA
-#error "DECODEGRAPH_HAS_CUDA must be defined by the build (CMakeLists.txt)"
-#endif
 
 namespace decodegraph {
 
-const char* version() { return DECODEGRAPH_VERSION_STRING; }
-bool built_with_cuda() { return DECODEGRAPH_HAS_CUDA != 0; }
+// The cudaError_t values whose documentation says the process is left in an inconsistent state
+// (every later CUDA call fails the same way; only a new process recovers), plus an uncorrectable
+// ECC error, after which the driver tears the context down. Numbers, not names, so that host-only
+// builds classify too; kernels/cuda_check.hpp static_asserts them against the CUDA headers.
+bool cuda_error_is_sticky(int code) {
+  switch (code) {
+    case 214:  // cudaErrorECCUncorrectable
+    case 226:  // cudaErrorContained
+    case 700:  // cudaErrorIllegalAddress
+    case 702:  // cudaErrorLaunchTimeout
+    case 710:  // cudaErrorAssert
+    case 714:  // cudaErrorHardwareStackError
+    case 715:  // cudaErrorIllegalInstruction
+    case 716:  // cudaErrorMisalignedAddress
+    case 717:  // cudaErrorInvalidAddressSpace
+    case 718:  // cudaErrorInvalidPc
+    case 719:  // cudaErrorLaunchFailure
+    case 911:  // cudaErrorExternalDevice
+      return true;
+    default:
+      return false;
+  }
+}
 
 namespace {
 
@@ -92,7 +105,7 @@ KVLayout parse_layout(const std::string& name) {
 }
 
 float AttentionSpec::effective_scale() const {
-  return scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
+  return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
 }
 
 std::size_t AttentionSpec::block_elems() const {
@@ -115,8 +128,9 @@ void validate_spec(const AttentionSpec& spec) {
   require(d >= 0 && d <= 2, "dtype", d, kDTypeAllowed);
   const int l = static_cast<int>(spec.layout);
   require(l >= 0 && l <= 1, "layout", l, kLayoutAllowed);
-  require(std::isfinite(spec.scale), "scale", spec.scale,
-          "a finite value (<= 0 selects 1/sqrt(head_size))");
+  // A negative scale is a sign error in the caller, not a request for the default (0 is).
+  require(std::isfinite(spec.scale) && spec.scale >= 0.0f, "spec.scale", spec.scale,
+          "0 (selects 1/sqrt(head_size)) or a finite value > 0");
 }
 
 }  // namespace decodegraph

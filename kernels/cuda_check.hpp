@@ -1,6 +1,7 @@
-// CUDA error checking for library code: DG_CUDA_CHECK(call) throws decodegraph::Error naming the
-// call, the CUDA error and the file:line; DG_CUDA_CHECK_LAUNCH(name) does the same for the launch
-// just issued (cudaGetLastError). Host-compilable: plain .cpp files may include it.
+// CUDA error checking for library code: DG_CUDA_CHECK(call) throws naming the call, the CUDA error
+// and the file:line; DG_CUDA_CHECK_LAUNCH(name) does the same for the launch just issued
+// (cudaGetLastError). cudaErrorMemoryAllocation throws OutOfMemory, every other error CudaError
+// (code and stickiness: error.hpp). Host-compilable: plain .cpp files may include it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,9 +12,25 @@
 
 namespace decodegraph::cuda_detail {
 
+// cuda_error_is_sticky (kernels/common.cpp) lists codes by number so host-only builds have it too.
+// Checked against the real headers only: the CPU simulator's shim (tests/sim) defines a few codes.
+#ifdef CUDART_VERSION
+static_assert(cudaErrorMemoryAllocation == 2, "cudaErrorMemoryAllocation changed");
+static_assert(cudaErrorECCUncorrectable == 214 && cudaErrorContained == 226 &&
+              cudaErrorIllegalAddress == 700 && cudaErrorLaunchTimeout == 702 && cudaErrorAssert == 710 &&
+              cudaErrorHardwareStackError == 714 && cudaErrorIllegalInstruction == 715 &&
+              cudaErrorMisalignedAddress == 716 && cudaErrorInvalidAddressSpace == 717 &&
+              cudaErrorInvalidPc == 718 && cudaErrorLaunchFailure == 719 && cudaErrorExternalDevice == 911,
+              "the sticky cudaError_t values in kernels/common.cpp no longer match the CUDA headers");
+static_assert(cudaErrorUnknown == kInjectedFaultCode, "kInjectedFaultCode must be cudaErrorUnknown");
+#endif
+
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
-  throw Error(std::string(what) + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
-              ") at " + file + ":" + std::to_string(line));
+  std::string msg = std::string(what) + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
+                    ") at " + file + ":" + std::to_string(line);
+  if (static_cast<int>(err) == 2) throw OutOfMemory(msg);  // cudaErrorMemoryAllocation
+  if (cuda_error_is_sticky(err)) msg += "; the CUDA context is lost: later CUDA calls in this process will fail";
+  throw CudaError(msg, static_cast<int>(err));
 }
 
 inline void check_launch(const char* kernel, const char* file, int line) {

@@ -17,7 +17,10 @@ build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 
 # ---------------------------------------------------------------- Debian packages
-pkgs=(cmake ninja-build g++ libspdlog-dev libgtest-dev libbenchmark-dev)
+# libfmt-dev comes with libspdlog-dev but is named: the bench programs use fmt directly, as they
+# use CLI11 and nlohmann-json.
+pkgs=(cmake ninja-build g++ libspdlog-dev libfmt-dev libgtest-dev libbenchmark-dev libcli11-dev
+      nlohmann-json3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,9 +16,7 @@
 namespace decodegraph::detail {
 namespace {
 
-[[noreturn]] void injected(const char* call, fault::Site site) {
-  throw Error(std::string(call) + " failed: injected fault (site " + fault::to_string(site) + ")");
-}
+[[noreturn]] void injected(const char* call, fault::Site site) { fault::throw_injected(site, call); }
 
 class CudaGraph final : public BackendGraph {
  public:

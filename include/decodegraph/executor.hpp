@@ -94,7 +94,10 @@ struct ExecutorConfig {
   /// Buffers are checked at construction, each graph at its capture (kUpFront: construction); a
   /// bucket whose graph does not fit throws on every step that needs it, without being recaptured.
   std::size_t memory_budget_bytes = 0;
-  /// spdlog level name ("trace" .. "off"); empty: DECODEGRAPH_LOG_LEVEL, else "warn".
+  /// Log level: trace, debug, info, warn, err, critical or off, in any case. An unknown name here
+  /// is the caller's own argument and throws InvalidArgument. Empty: the DECODEGRAPH_LOG_LEVEL
+  /// environment variable, where an unknown value only warns (once per value) and keeps "warn";
+  /// else "warn".
   std::string log_level;
 };
 

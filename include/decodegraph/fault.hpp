@@ -1,7 +1,13 @@
 // Fault injection seam (for tests): makes a chosen CUDA call, or its host-backend twin, fail.
 // Library code calls should_fail(site) right before the real call; when it returns true the call is
 // treated as failed with the site's name in the Error. Cheap (one relaxed atomic load) when unarmed.
+// An injected failure throws what a real failure of that call most often is, on either backend:
+// OutOfMemory at kAlloc; at every other site a CudaError with code() == kInjectedFaultCode
+// (cudaErrorUnknown) and context_lost() == false, so the executor stays usable, as it must after
+// any recoverable CUDA error.
 #pragma once
+
+#include <string>
 
 namespace decodegraph::fault {
 
@@ -27,6 +33,8 @@ void disarm_all();
 int fired(Site site);
 /// Library side: consumes one armed failure at `site` if any.
 bool should_fail(Site site);
+/// Library side: throws the injected failure of `call` at `site` (see the top of this file).
+[[noreturn]] void throw_injected(Site site, const std::string& call);
 
 /// Arms in the constructor, disarms everything in the destructor.
 class ScopedFault {

@@ -33,9 +33,10 @@ std::size_t dtype_size(DType dtype);
 const char* to_string(DType dtype);
 const char* to_string(KVLayout layout);
 const char* to_string(KernelKind kind);
-/// Parses "fp16"/"float16"/"half", "bf16"/"bfloat16", "fp32"/"float32"/"float"; throws Error otherwise.
+/// Parses "fp16"/"float16"/"half", "bf16"/"bfloat16", "fp32"/"float32"/"float" (any case); throws
+/// InvalidArgument otherwise.
 DType parse_dtype(const std::string& name);
-/// Parses "vllm" or "nhd"; throws Error otherwise.
+/// Parses "vllm" or "nhd" (any case); throws InvalidArgument otherwise.
 KVLayout parse_layout(const std::string& name);
 
 /// The static shape of one attention layer.
@@ -46,16 +47,19 @@ struct AttentionSpec {
   int block_size = 16;
   DType dtype = DType::kBFloat16;
   KVLayout layout = KVLayout::kVLLM;
-  /// Softmax scale applied to q.k; <= 0 means 1/sqrt(head_size).
+  /// Softmax scale applied to q.k. 0 (the default) selects 1/sqrt(head_size); otherwise a finite
+  /// value > 0. validate_spec rejects a negative or non-finite scale with InvalidArgument.
   float scale = 0.0f;
 
+  /// scale, or 1/sqrt(head_size) when scale is 0.
   float effective_scale() const;
   int group_size() const { return num_q_heads / num_kv_heads; }
   /// Elements of one KV block for one layer, K or V: block_size * kv_heads * head_size.
   std::size_t block_elems() const;
 };
 
-/// Throws Error for any unsupported value of the spec (head_size, block_size, heads, dtype, layout).
+/// Throws InvalidArgument for any unsupported value of the spec (head_size, block_size, heads,
+/// dtype, layout, scale).
 void validate_spec(const AttentionSpec& spec);
 
 }  // namespace decodegraph

@@ -180,8 +180,8 @@ TEST(Types, SpecHelpers) {
   s.num_q_heads = 32;
   s.block_size = 16;
   EXPECT_FLOAT_EQ(s.effective_scale(), 1.0f / std::sqrt(128.0f));
-  s.scale = -1.0f;
-  EXPECT_FLOAT_EQ(s.effective_scale(), 1.0f / std::sqrt(128.0f));
+  s.scale = -1.0f;  // a sign error, not the default: rejected (tests/api/test_errors.cpp)
+  EXPECT_THROW(validate_spec(s), InvalidArgument);
   s.scale = 0.25f;
   EXPECT_EQ(s.effective_scale(), 0.25f);
   EXPECT_EQ(s.group_size(), 4);
