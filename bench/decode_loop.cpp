@@ -11,10 +11,14 @@
 // batch); each runs --steps steps from its start lengths. Segments that start just below a band edge
 // walk across it, so one run shows several bands and the V1 -> V2 swap at the threshold.
 //
-// Output: the plan table, the per-band table (eager vs graph latency, GB/s by the bytes model of
-// docs/design.md, % of the read bandwidth measured in the same run), capture statistics; --json / --csv.
+// Output: the device model and the plan table, the per-band table (eager vs graph latency, GB/s by
+// the bytes model of docs/design.md, % of the read bandwidth measured in the same run), kAuto's and
+// kThreshold's choice per band side by side, capture statistics; --json / --csv. --policy picks the
+// executor's KernelPolicy; --plan-only prints (and --json writes) the plans without running a step
+// (docs/planning.md).
 // Options are parsed by CLI11, output formatted by fmt, and the JSON written with nlohmann::json.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -57,6 +61,9 @@ struct Options {
   std::string backend = "auto";
   std::string partition = "auto";
   int threshold = 8192;
+  std::string policy = "auto";
+  std::string device_model;  // "sms=N,blocks_per_sm=M"; empty: the backend's (host: an H200 model)
+  bool plan_only = false;
   int max_seq_len = 0;
   std::string json_path;
   bool csv = false;
@@ -87,6 +94,31 @@ CLI::Validator parsed_by(Parse parse, const std::string& what) {
         }
       },
       what);
+}
+
+/// Parses a whole integer of an option's value (no sign, no trailing text) within [lo, hi].
+int parse_int_in(const std::string& what, const std::string& v, int lo, int hi) {
+  int x = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || x < lo || x > hi)
+    usage_error(fmt::format("{} = '{}' is invalid; allowed: an integer in {}..{}", what, v, lo, hi));
+  return x;
+}
+
+/// --device-model "sms=N,blocks_per_sm=M": fields left out stay 0 (the backend's value).
+dg::DeviceModel parse_device_model(const std::string& text) {
+  dg::DeviceModel d;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key == "sms") d.num_sms = parse_int_in("--device-model sms", value, 1, 65536);
+    else if (key == "blocks_per_sm") d.blocks_per_sm = parse_int_in("--device-model blocks_per_sm", value, 1, 64);
+    else usage_error(fmt::format("--device-model entry '{}' is invalid; allowed: sms=N, blocks_per_sm=M", item));
+  }
+  if (d.num_sms == 0 && d.blocks_per_sm == 0) usage_error("--device-model is empty; allowed: sms=N,blocks_per_sm=M");
+  return d;
 }
 
 /// Parses the command line. Returns the exit status when the program should stop here (--help: 0).
@@ -135,6 +167,30 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       ->check((CLI::IsMember({"auto"}) | ints).description("auto|N"))
       ->group("executor");
   app.add_option("--threshold", o.threshold, "V1/V2 threshold")->capture_default_str()->check(ints)->group("executor");
+  app.add_option("--policy", o.policy,
+                 "how buckets pick V1/V2 and P: auto (fill the GPU's resident slots), threshold (V1 up to "
+                 "the threshold), measured (time candidates at capture); see docs/planning.md")
+      ->check(CLI::IsMember({"auto", "threshold", "measured"}))
+      ->capture_default_str()
+      ->group("executor");
+  app.add_option("--device-model", o.device_model,
+                 "plan for this GPU: sms=N,blocks_per_sm=M (either may be left out); default: the device's "
+                 "(host backend: an H200, 132 SMs, and the pass-1 kernel's occupancy)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              parse_device_model(v);
+              return {};
+            } catch (const UsageError& e) {
+              return e.what();
+            }
+          },
+          "sms=N,blocks_per_sm=M"))
+      ->group("executor");
+  app.add_flag("--plan-only", o.plan_only,
+               "print (and with --json write) every bucket's plan for the host model or --device-model, "
+               "then exit without allocating caches or running a step")
+      ->group("executor");
 
   app.add_option("--json", o.json_path, "write everything as JSON (plot it with bench/plot_decode_loop.py)")
       ->group("output");
@@ -163,13 +219,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
 }
 
 /// Parses a whole non-negative integer of a --start-lens entry.
-int parse_length(const std::string& what, const std::string& v) {
-  int x = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || x < 0 || x > (1 << 30))
-    usage_error(fmt::format("{} = '{}' is invalid; allowed: an integer >= 0", what, v));
-  return x;
-}
+int parse_length(const std::string& what, const std::string& v) { return parse_int_in(what, v, 0, 1 << 30); }
 
 /// One --start-lens entry: start lengths for the batch.
 struct Segment {
@@ -330,6 +380,8 @@ struct StepRecord {
   dg::KernelKind kernel = dg::KernelKind::kV1;
   int partition_size = 0;
   bool captured = false;
+  bool measured = false;  // the step timed kMeasured's candidates
+  int graph_id = -1;
   int max_len = 0;
   double bytes = 0;  // bytes model, all layers
   double eager_us = 0;
@@ -370,7 +422,8 @@ std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_
       eager.push_back(r->eager_us);
       bytes += r->bytes;
       row.max_abs_diff = std::max(row.max_abs_diff, r->max_abs_diff);
-      if (!r->captured) graph.push_back(r->graph_us);  // a capturing step times the capture, not a replay
+      // A capturing (or measuring) step times the capture, not a replay.
+      if (!r->captured && !r->measured) graph.push_back(r->graph_us);
     }
     row.timed_steps = static_cast<int>(graph.size());
     row.bytes_per_step = bytes / static_cast<double>(g.size());
@@ -395,21 +448,111 @@ std::string band_label(int lo, int hi) { return fmt::format("({}, {}]", lo, hi);
 /// A number, or null where there is none (non-finite, or not measured).
 json num_or_null(double v, bool present = true) { return present && std::isfinite(v) ? json(v) : json(nullptr); }
 
-/// The plans as structured data: one object per bucket.
+/// One bucket's plan as structured data (docs/planning.md lists the fields).
+json plan_json(const dg::BucketPlan& p) {
+  json j = {{"batch", p.batch},
+            {"band_lo", p.band_lo},
+            {"band_hi", p.band_hi},
+            {"kernel", dg::to_string(p.kernel)},
+            {"partition_size", p.partition_size},
+            {"partitions", p.max_partitions},
+            {"blocks", p.blocks},
+            {"target_blocks", p.target_blocks},
+            {"live_blocks_at_band_lo", p.live_blocks_at_band_lo},
+            {"graph_id", p.graph_id},
+            {"band", p.band},
+            {"design_len", p.design_len},
+            {"launch_len", p.launch_len},
+            {"waves", p.waves},
+            {"reason", dg::to_string(p.reason)},
+            {"why", dg::describe_reason(p)},
+            {"grid", {p.grid_x, p.grid_y, p.grid_z}},
+            {"merge_grid", {p.merge_grid_x, p.merge_grid_y}},
+            {"workspace_bytes", p.workspace_bytes}};
+  if (!p.candidates.empty()) {
+    json c = json::array();
+    for (const dg::PlanCandidate& k : p.candidates)
+      c.push_back({{"kernel", dg::to_string(k.kernel)},
+                   {"partition_size", k.partition_size},
+                   {"us", num_or_null(k.us, k.us >= 0)}});
+    j["candidates"] = c;
+  }
+  return j;
+}
+
 json plans_json(const std::vector<dg::BucketPlan>& plans) {
   json a = json::array();
-  for (const dg::BucketPlan& p : plans)
-    a.push_back({{"batch", p.batch},
-                 {"band", p.band},
-                 {"band_lo", p.band_lo},
-                 {"band_hi", p.band_hi},
-                 {"kernel", dg::to_string(p.kernel)},
-                 {"partition_size", p.partition_size},
-                 {"partitions", p.max_partitions},
-                 {"grid", {p.grid_x, p.grid_y, p.grid_z}},
-                 {"merge_grid", {p.merge_grid_x, p.merge_grid_y}},
-                 {"workspace_bytes", p.workspace_bytes}});
+  for (const dg::BucketPlan& p : plans) a.push_back(plan_json(p));
   return a;
+}
+
+json device_model_json(const dg::DeviceModel& d, const std::string& source) {
+  return {{"num_sms", d.num_sms}, {"blocks_per_sm", d.blocks_per_sm}, {"target_blocks", d.target_blocks()},
+          {"source", source}};
+}
+
+int distinct_graphs(const std::vector<dg::BucketPlan>& plans) {
+  std::set<int> ids;
+  for (const dg::BucketPlan& p : plans) ids.insert(p.graph_id);
+  return static_cast<int>(ids.size());
+}
+
+std::string kernel_label(const dg::BucketPlan& p) {
+  return p.kernel == dg::KernelKind::kV2 ? fmt::format("v2 P={}", p.partition_size) : std::string("v1");
+}
+
+// ---------------------------------------------------------------- kAuto against kThreshold
+
+/// kAuto's and kThreshold's plan for one band of the run's batch bucket, and why they differ.
+struct PolicyRow {
+  dg::BucketPlan automatic, threshold;
+  std::string why;
+};
+
+std::vector<PolicyRow> compare_policies(dg::ExecutorConfig cfg, int batch) {
+  cfg.policy = dg::KernelPolicy::kAuto;
+  const std::vector<dg::BucketPlan> a = dg::plan_buckets(cfg);
+  cfg.policy = dg::KernelPolicy::kThreshold;
+  const std::vector<dg::BucketPlan> t = dg::plan_buckets(cfg);
+  std::vector<PolicyRow> rows;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].batch != batch) continue;
+    PolicyRow r{a[i], t[i], {}};
+    if (a[i].kernel == t[i].kernel && a[i].partition_size == t[i].partition_size)
+      r.why = a[i].band_hi > cfg.v2_threshold ? "same: above the threshold every policy runs V2 (the swap)"
+                                              : "same: V1 already fills the GPU";
+    else
+      r.why = "differ: " + dg::describe_reason(a[i]);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+json policies_json(const std::vector<PolicyRow>& rows) {
+  json a = json::array();
+  auto side = [](const dg::BucketPlan& p) {
+    return json{{"kernel", dg::to_string(p.kernel)},
+                {"partition_size", p.partition_size},
+                {"blocks", p.blocks},
+                {"live_blocks_at_band_lo", p.live_blocks_at_band_lo}};
+  };
+  for (const PolicyRow& r : rows)
+    a.push_back({{"band_lo", r.automatic.band_lo},
+                 {"band_hi", r.automatic.band_hi},
+                 {"auto", side(r.automatic)},
+                 {"threshold", side(r.threshold)},
+                 {"why", r.why}});
+  return a;
+}
+
+std::string policies_table(const std::vector<PolicyRow>& rows) {
+  constexpr const char* kRow = "{:<16} {:>10} {:>8}  {:>10} {:>8}  {}\n";
+  std::string s = fmt::format(kRow, "band", "kAuto", "live@lo", "kThreshold", "live@lo", "why");
+  for (const PolicyRow& r : rows)
+    s += fmt::format(kRow, fmt::format("({}, {}]", r.automatic.band_lo, r.automatic.band_hi),
+                     kernel_label(r.automatic), r.automatic.live_blocks_at_band_lo, kernel_label(r.threshold),
+                     r.threshold.live_blocks_at_band_lo, r.why);
+  return s;
 }
 
 void write_json(const std::string& path, const json& j) {
@@ -433,6 +576,58 @@ Tolerance tolerance_for(dg::DType t) {
     case dg::DType::kFloat32: return {1e-4, 1e-4};
   }
   return {0, 0};
+}
+
+/// --plan-only: every bucket's plan for the host model (or --device-model), as a table and, with
+/// --json, as one object per bucket. No cache is allocated and no step runs.
+int plan_only(const Options& opt, dg::ExecutorConfig cfg, const std::vector<std::string>& defaults_used,
+              std::FILE* out) {
+  const dg::DeviceModel host = dg::host_device_model(cfg.spec);
+  const std::string source = opt.device_model.empty() ? "host model of an H200" : "--device-model";
+  if (cfg.device_model.num_sms == 0) cfg.device_model.num_sms = host.num_sms;
+  if (cfg.device_model.blocks_per_sm == 0) cfg.device_model.blocks_per_sm = host.blocks_per_sm;
+  const std::vector<dg::BucketPlan> plans = dg::plan_buckets(cfg);
+  const dg::AttentionSpec& s = cfg.spec;
+  fmt::print(out, "decodegraph {} decode_loop --plan-only\n", dg::version());
+  std::vector<std::string> planning_defaults;  // only the options planning reads
+  for (const std::string& d : defaults_used)
+    for (const char* flag : {"--preset ", "--batch ", "--max-seq-len ", "--partition ", "--threshold ", "--policy "})
+      if (d.rfind(flag, 0) == 0) planning_defaults.push_back(d);
+  if (!planning_defaults.empty()) fmt::print(out, "defaults used: {};\n", fmt::join(planning_defaults, "; "));
+  fmt::print(out, "shape: {} q heads, {} kv heads, head {}, block {}, {}; max_batch {}, max_seq_len {}, threshold {}\n",
+             s.num_q_heads, s.num_kv_heads, s.head_size, s.block_size, dg::to_string(s.dtype), cfg.max_batch,
+             cfg.max_seq_len, cfg.v2_threshold);
+  fmt::print(out, "policy {}; device model {} SMs x {} resident pass-1 blocks = {} slots ({})\n", opt.policy,
+             cfg.device_model.num_sms, cfg.device_model.blocks_per_sm, cfg.device_model.target_blocks(), source);
+  fmt::print(out, "{} buckets, {} distinct graphs{}:\n{}", plans.size(),
+             cfg.policy == dg::KernelPolicy::kMeasured ? std::string("(decided when measured)")
+                                                       : std::to_string(distinct_graphs(plans)),
+             cfg.policy == dg::KernelPolicy::kMeasured ? "; kMeasured starts from kAuto's choice" : "",
+             dg::format_plan_table(plans));
+  if (!opt.json_path.empty()) {
+    json j;
+    j["program"] = "decode_loop";
+    j["version"] = dg::version();
+    j["mode"] = "plan-only";
+    j["config"] = {{"preset", opt.preset},
+                   {"q_heads", s.num_q_heads},
+                   {"kv_heads", s.num_kv_heads},
+                   {"head_size", s.head_size},
+                   {"block_size", s.block_size},
+                   {"dtype", dg::to_string(s.dtype)},
+                   {"max_batch", cfg.max_batch},
+                   {"max_seq_len", cfg.max_seq_len},
+                   {"threshold", cfg.v2_threshold},
+                   {"partition", opt.partition}};
+    j["policy"] = opt.policy;
+    j["device_model"] = device_model_json(cfg.device_model, source);
+    j["buckets"] = plans.size();
+    j["distinct_graphs"] = cfg.policy == dg::KernelPolicy::kMeasured ? json(nullptr) : json(distinct_graphs(plans));
+    j["plans"] = plans_json(plans);
+    write_json(opt.json_path, j);
+    fmt::print(out, "json: {}\n", opt.json_path);
+  }
+  return 0;
 }
 
 int run(int argc, char** argv) {
@@ -478,6 +673,7 @@ int run(int argc, char** argv) {
   def("--backend", opt.backend + " -> " + dg::to_string(backend));
   def("--partition", opt.partition);
   def("--threshold", std::to_string(opt.threshold));
+  def("--policy", opt.policy);
 
   const std::vector<Segment> segments = parse_segments(opt.start_lens, opt.batch);
   const int bs = spec.block_size;
@@ -500,6 +696,18 @@ int run(int argc, char** argv) {
     usage_error(fmt::format("--max-seq-len = {} is below the longest length the run reaches ({})", opt.max_seq_len,
                             longest));
   const int partition = opt.partition == "auto" ? 0 : std::stoi(opt.partition);  // checked by CLI11
+
+  // What planning reads; the run adds its caches and layers below.
+  dg::ExecutorConfig cfg;
+  cfg.spec = spec;
+  cfg.max_batch = opt.batch;
+  cfg.max_seq_len = opt.max_seq_len;
+  cfg.v2_threshold = opt.threshold;
+  cfg.partition_size = partition;
+  cfg.policy = dg::parse_kernel_policy(opt.policy);
+  if (!opt.device_model.empty()) cfg.device_model = parse_device_model(opt.device_model);
+  const std::string model_source = opt.device_model.empty() ? "" : "--device-model";
+  if (opt.plan_only) return plan_only(opt, cfg, defaults_used, out);
 
   const int num_blocks = static_cast<int>(std::max<long long>(1, max_blocks_needed));
   const int width = (opt.max_seq_len + bs - 1) / bs;  // block-table row width
@@ -569,8 +777,6 @@ int run(int argc, char** argv) {
   if (gpu) DGB_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
 
-  dg::ExecutorConfig cfg;
-  cfg.spec = spec;
   cfg.num_layers = opt.layers;
   for (int l = 0; l < opt.layers; ++l) {
     dg::LayerBuffers lb;
@@ -578,28 +784,32 @@ int run(int argc, char** argv) {
     lb.v_cache = v_caches[l].get();
     cfg.layers.push_back(lb);
   }
-  cfg.max_batch = opt.batch;
-  cfg.max_seq_len = opt.max_seq_len;
   cfg.num_blocks = num_blocks;
   cfg.max_blocks_per_seq = width;
-  cfg.v2_threshold = opt.threshold;
-  cfg.partition_size = partition;
   cfg.capture = dg::CapturePolicy::kLazy;
   cfg.backend = backend;
   cfg.append_kv = true;
   dg::Executor ex(cfg);
   const dg::Stream stream = ex.stream();
 
-  fmt::print(out, "plan (every bucket; this run uses batch bucket {}):\n{}\n", opt.batch, ex.plan_table());
+  const dg::DeviceModel model = ex.config().device_model;
+  fmt::print(out, "policy {}; device model {} SMs x {} resident pass-1 blocks = {} slots ({})\n", opt.policy,
+             model.num_sms, model.blocks_per_sm, model.target_blocks(),
+             !model_source.empty() ? model_source : gpu ? "queried from the device" : "host model of an H200");
+  fmt::print(out, "plan (every bucket; this run uses batch bucket {}; {} distinct graphs for {} buckets{}):\n{}\n",
+             opt.batch, ex.stats().distinct_graphs, ex.plans().size(),
+             cfg.policy == dg::KernelPolicy::kMeasured ? ", kMeasured: decided when each bucket is first captured"
+                                                       : "",
+             ex.plan_table());
+  dg::ExecutorConfig model_cfg = cfg;  // kAuto and kThreshold side by side, on the executor's device model
+  model_cfg.device_model = model;
+  const std::vector<PolicyRow> policy_rows = compare_policies(model_cfg, opt.batch);
 
   // Eager-side buffers: staged inputs and V2 workspace sized for the largest plan.
   Buffer d_lens(gpu, sizeof(int32_t) * opt.batch), d_tables(gpu, sizeof(int32_t) * opt.batch * width),
       d_slots(gpu, sizeof(int64_t) * opt.batch);
-  std::size_t ws_bytes = 0;
-  for (const auto& p : ex.plans())
-    if (p.kernel == dg::KernelKind::kV2)
-      ws_bytes = std::max(ws_bytes, dg::v2_workspace_size(spec, opt.batch, p.band_hi, p.partition_size));
-  Buffer workspace(gpu, ws_bytes);
+  // The executor's workspace covers every plan of the run's batch bucket, and every kMeasured candidate.
+  Buffer workspace(gpu, ex.memory().workspace);
   HostArray<int32_t> lens(gpu, opt.batch), tables(gpu, static_cast<std::size_t>(opt.batch) * width);
   HostArray<int64_t> slots(gpu, opt.batch);
   std::vector<unsigned char> host_graph_out(qo_elems * esize), host_eager_out(qo_elems * esize);
@@ -704,7 +914,7 @@ int run(int argc, char** argv) {
       const dg::StepResult r = ex.step(in);
       sync();
       const double graph_us = us_since(t0);
-      if (r.captured) capture_wall_ms += graph_us / 1000.0;
+      if (r.captured || r.measured) capture_wall_ms += graph_us / 1000.0;
 
       // Eager: the same work launched call by call, with the plan's kernel and partition size. It
       // appends the same K/V into the same slots (idempotent), so both see identical caches.
@@ -756,6 +966,8 @@ int run(int argc, char** argv) {
       rec.kernel = r.kernel;
       rec.partition_size = r.partition_size;
       rec.captured = r.captured;
+      rec.measured = r.measured;
+      rec.graph_id = r.graph_id;
       rec.max_len = max_len;
       rec.eager_us = eager_us;
       rec.graph_us = graph_us;
@@ -844,11 +1056,18 @@ int run(int argc, char** argv) {
              gpu ? "GPU wall-clock per step, host launch through device completion" : "CPU timings of the host backend");
   fmt::print(out, "{}", dgbench::format_table(table));
   fmt::print(out,
-             "  steps \"N (M)\": M of N steps timed for graph; the others captured the bucket's graph (see "
-             "captures below).\n"
+             "  steps \"N (M)\": M of N steps timed for graph; the others captured the bucket's graph or timed "
+             "its candidates (see captures below).\n"
              "  GB/s = bytes per step by the bytes model of docs/design.md (K+V read, q, out, V2 partials) / graph "
              "p50.\n");
   if (!gpu) fmt::print(out, "  % read bw: n/a on the host backend (no device bandwidth to compare with).\n");
+  fmt::print(out,
+             "\nkAuto and kThreshold per band (batch bucket {}; {} slots; this run: --policy {}):\n{}"
+             "  The swap: above the threshold ({}) every policy replays V2. At or below it kThreshold runs V1,\n"
+             "  one block per (sequence, KV head), while kAuto runs V1 only where that fills the {} resident\n"
+             "  slots, and otherwise V2 with enough balanced partitions to fill them at the band's lower edge.\n",
+             opt.batch, model.target_blocks(), opt.policy, policies_table(policy_rows), opt.threshold,
+             model.target_blocks());
   if (opt.csv) {
     fmt::print("band_lo,band_hi,kernel,partition_size,steps,timed_steps,eager_p50_us,eager_p99_us,graph_p50_us,"
                "graph_p99_us,speedup,bytes_per_step,gbs,pct_read_bw\n");
@@ -861,23 +1080,24 @@ int run(int argc, char** argv) {
 
   const dg::ExecutorStats stats = ex.stats();
   const dg::MemoryReport mem = ex.memory();
-  std::vector<std::vector<std::string>> ctable = {
-      {"bucket", "band", "captures", "replays", "nodes", "capture ms", "instantiate ms"}};
-  double cap_ms = 0, inst_ms = 0;
-  for (const auto& g : stats.graphs) {
-    std::string band = std::to_string(g.band);
-    for (const auto& p : ex.plans())
-      if (p.band == g.band) band = band_label(p.band_lo, p.band_hi);
-    ctable.push_back({std::to_string(g.batch), band, std::to_string(g.captures), std::to_string(g.replays),
-                      std::to_string(g.nodes), fmt::format("{:.2f}", g.capture_ms),
-                      fmt::format("{:.2f}", g.instantiate_ms)});
-    cap_ms += g.capture_ms;
-    inst_ms += g.instantiate_ms;
-  }
+  std::vector<std::vector<std::string>> ctable = {{"graph", "bucket", "lengths", "buckets", "kernel", "captures",
+                                                   "replays", "nodes", "capture ms", "instantiate ms", "measure ms"}};
+  for (const auto& g : stats.graphs)
+    ctable.push_back({std::to_string(g.graph_id), std::to_string(g.batch), band_label(g.band_lo, g.band_hi),
+                      std::to_string(g.buckets),
+                      g.kernel == dg::KernelKind::kV2 ? fmt::format("v2 P={}", g.partition_size) : "v1",
+                      std::to_string(g.captures), std::to_string(g.replays), std::to_string(g.nodes),
+                      fmt::format("{:.2f}", g.capture_ms), fmt::format("{:.2f}", g.instantiate_ms),
+                      fmt::format("{:.2f}", g.measure_ms)});
   fmt::print(out,
-             "\ncaptures: {} graphs, capture {:.2f} ms + instantiate {:.2f} ms in total ({:.2f} ms wall in the "
-             "capturing steps)\n{}",
-             stats.total_captures, cap_ms, inst_ms, capture_wall_ms, dgbench::format_table(ctable));
+             "\ncaptures: {} graphs captured of {} distinct for {} buckets; capture {:.2f} ms + instantiate {:.2f} "
+             "ms in total ({:.2f} ms wall in the capturing steps)\n",
+             stats.total_captures, stats.distinct_graphs, stats.buckets, stats.capture_ms, stats.instantiate_ms,
+             capture_wall_ms);
+  if (cfg.policy == dg::KernelPolicy::kMeasured)
+    fmt::print(out, "measuring (kMeasured): {} buckets, {} candidate graphs timed, {:.2f} ms\n",
+               stats.measured_buckets, stats.candidate_graphs, stats.measure_ms);
+  fmt::print(out, "{}", dgbench::format_table(ctable));
   fmt::print(out, "memory: static buffers {}, V2 workspace {}, graphs {}, total {}{}\n",
              dgbench::format_bytes(static_cast<double>(mem.static_buffers)),
              dgbench::format_bytes(static_cast<double>(mem.workspace)),
@@ -926,9 +1146,15 @@ int run(int argc, char** argv) {
                    {"max_seq_len", opt.max_seq_len},
                    {"threshold", opt.threshold},
                    {"partition", opt.partition},
+                   {"policy", opt.policy},
+                   {"device_model", opt.device_model},
                    {"seed", opt.seed}};
     j["defaults_used"] = defaults_used;
+    j["policy"] = opt.policy;
+    j["device_model"] = device_model_json(
+        model, !model_source.empty() ? model_source : gpu ? "queried from the device" : "host model of an H200");
     j["plans"] = plans_json(ex.plans());
+    j["policies"] = policies_json(policy_rows);
     json& jb = j["bands"] = json::array();
     for (const auto& b : rows) {
       const bool timed = b.timed_steps > 0;
@@ -951,14 +1177,30 @@ int run(int argc, char** argv) {
     }
     json jg = json::array();
     for (const auto& g : stats.graphs)
-      jg.push_back({{"batch", g.batch},
+      jg.push_back({{"graph_id", g.graph_id},
+                    {"batch", g.batch},
                     {"band", g.band},
+                    {"last_band", g.last_band},
+                    {"band_lo", g.band_lo},
+                    {"band_hi", g.band_hi},
+                    {"buckets", g.buckets},
+                    {"kernel", dg::to_string(g.kernel)},
+                    {"partition_size", g.partition_size},
                     {"captures", g.captures},
                     {"replays", g.replays},
                     {"nodes", g.nodes},
                     {"capture_ms", g.capture_ms},
-                    {"instantiate_ms", g.instantiate_ms}});
-    j["captures"] = {{"total", stats.total_captures}, {"capture_ms", cap_ms}, {"instantiate_ms", inst_ms}, {"graphs", jg}};
+                    {"instantiate_ms", g.instantiate_ms},
+                    {"measure_ms", g.measure_ms}});
+    j["captures"] = {{"total", stats.total_captures},
+                     {"buckets", stats.buckets},
+                     {"distinct_graphs", stats.distinct_graphs},
+                     {"capture_ms", stats.capture_ms},
+                     {"instantiate_ms", stats.instantiate_ms},
+                     {"measure_ms", stats.measure_ms},
+                     {"measured_buckets", stats.measured_buckets},
+                     {"candidate_graphs", stats.candidate_graphs},
+                     {"graphs", jg}};
     j["memory"] = {{"static_buffers", mem.static_buffers},
                    {"workspace", mem.workspace},
                    {"graphs", mem.graphs},
@@ -978,6 +1220,8 @@ int run(int argc, char** argv) {
                     {"kernel", dg::to_string(r.kernel)},
                     {"partition_size", r.partition_size},
                     {"captured", r.captured},
+                    {"measured", r.measured},
+                    {"graph_id", r.graph_id},
                     {"max_len", r.max_len},
                     {"bytes", num_or_null(r.bytes)},
                     {"eager_us", num_or_null(r.eager_us)},
