@@ -121,6 +121,16 @@ dg::DeviceModel parse_device_model(const std::string& text) {
   return d;
 }
 
+/// Where the device model's numbers came from, for the output.
+std::string model_source(const std::string& option, bool gpu) {
+  const char* backend = gpu ? "queried from the device" : "host model of an H200";
+  if (option.empty()) return backend;
+  const dg::DeviceModel d = parse_device_model(option);
+  if (d.num_sms != 0 && d.blocks_per_sm != 0) return "--device-model";
+  return std::string("--device-model; ") + (d.num_sms ? "blocks per SM " : "SMs ") +
+         (gpu ? "queried from the device" : "from the host model of an H200");
+}
+
 /// Parses the command line. Returns the exit status when the program should stop here (--help: 0).
 std::optional<int> parse_options(int argc, char** argv, Options& o) {
   CLI::App app(
@@ -583,7 +593,7 @@ Tolerance tolerance_for(dg::DType t) {
 int plan_only(const Options& opt, dg::ExecutorConfig cfg, const std::vector<std::string>& defaults_used,
               std::FILE* out) {
   const dg::DeviceModel host = dg::host_device_model(cfg.spec);
-  const std::string source = opt.device_model.empty() ? "host model of an H200" : "--device-model";
+  const std::string source = model_source(opt.device_model, /*gpu=*/false);
   if (cfg.device_model.num_sms == 0) cfg.device_model.num_sms = host.num_sms;
   if (cfg.device_model.blocks_per_sm == 0) cfg.device_model.blocks_per_sm = host.blocks_per_sm;
   const std::vector<dg::BucketPlan> plans = dg::plan_buckets(cfg);
@@ -706,7 +716,7 @@ int run(int argc, char** argv) {
   cfg.partition_size = partition;
   cfg.policy = dg::parse_kernel_policy(opt.policy);
   if (!opt.device_model.empty()) cfg.device_model = parse_device_model(opt.device_model);
-  const std::string model_source = opt.device_model.empty() ? "" : "--device-model";
+  const std::string model_from = model_source(opt.device_model, gpu);
   if (opt.plan_only) return plan_only(opt, cfg, defaults_used, out);
 
   const int num_blocks = static_cast<int>(std::max<long long>(1, max_blocks_needed));
@@ -795,7 +805,7 @@ int run(int argc, char** argv) {
   const dg::DeviceModel model = ex.config().device_model;
   fmt::print(out, "policy {}; device model {} SMs x {} resident pass-1 blocks = {} slots ({})\n", opt.policy,
              model.num_sms, model.blocks_per_sm, model.target_blocks(),
-             !model_source.empty() ? model_source : gpu ? "queried from the device" : "host model of an H200");
+             model_from);
   fmt::print(out, "plan (every bucket; this run uses batch bucket {}; {} distinct graphs for {} buckets{}):\n{}\n",
              opt.batch, ex.stats().distinct_graphs, ex.plans().size(),
              cfg.policy == dg::KernelPolicy::kMeasured ? ", kMeasured: decided when each bucket is first captured"
@@ -1152,7 +1162,7 @@ int run(int argc, char** argv) {
     j["defaults_used"] = defaults_used;
     j["policy"] = opt.policy;
     j["device_model"] = device_model_json(
-        model, !model_source.empty() ? model_source : gpu ? "queried from the device" : "host model of an H200");
+        model, model_from);
     j["plans"] = plans_json(ex.plans());
     j["policies"] = policies_json(policy_rows);
     json& jb = j["bands"] = json::array();
