@@ -224,8 +224,8 @@ class StepContext {
   /// The plan of the graph being captured. The body runs once per distinct graph, and buckets whose
   /// launches are identical share it: its kernel, batch, partitions, grids, workspace and launch_len
   /// hold for every bucket that replays it; band, band_lo and band_hi span those buckets (the lowest
-  /// band, the lowest band_lo, the highest band_hi). Size per-step work of your own by batch and
-  /// launch_len, which bound every step the graph will replay.
+  /// band, the lowest band_lo, the highest band_hi; under kMeasured, those decided so far). Size
+  /// per-step work of your own by batch and launch_len, which bound every step the graph will replay.
   const BucketPlan& plan() const;
   /// Appends layer l's new K/V (staged slot_mapping) into its cache.
   void append_kv(int layer);
@@ -346,7 +346,8 @@ DeviceModel host_device_model(const AttentionSpec& spec);
 
 /// The plans an Executor with this configuration makes (graph ids included), without building one:
 /// no backend, no memory, no layers needed. Device-model fields left at 0 take the host model (an
-/// H200). Throws Error for a configuration the Executor would reject.
+/// H200). Throws Error for planning fields the Executor would reject (layers, caches and the other
+/// fields planning does not read are not checked).
 std::vector<BucketPlan> plan_buckets(const ExecutorConfig& config);
 
 /// V2 partition size (docs/planning.md): the longest P that splits `design_len` into at least
