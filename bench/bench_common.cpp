@@ -1,5 +1,7 @@
 #include "bench_common.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -97,7 +99,7 @@ std::string format_bytes(double bytes) {
     bytes /= 1024.0;
     ++u;
   }
-  return u == 0 ? strf("%.0f B", bytes) : strf("%.1f %s", bytes, units[u]);
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, units[u]);
 }
 
 std::string format_table(const std::vector<std::vector<std::string>>& rows) {

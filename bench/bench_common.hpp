@@ -1,6 +1,7 @@
-// Helpers shared by the benchmarks and decode_loop: model presets, DESIGN.md's bytes model,
+// Helpers shared by the benchmarks and decode_loop: model presets, the bytes model of docs/design.md,
 // percentiles, seeded random fills (host, and device on CUDA builds) and the streaming-read kernel
-// that measures the device's read bandwidth in the same run.
+// that measures the device's read bandwidth in the same run. The .cpp formats with fmt; this header
+// includes none of it, so the .cu files that include it need no fmt under nvcc.
 //
 // Bench code may abort on a CUDA error (STYLE.md 7: only tests and benches may); the library never does.
 #pragma once
@@ -50,7 +51,7 @@ const std::vector<ModelPreset>& model_presets();
 const ModelPreset* find_preset(std::string_view name);
 decodegraph::AttentionSpec spec_of(const ModelPreset& preset);
 
-/// DESIGN.md "Performance model", bytes of one layer's attention for one step:
+/// The bytes model (docs/design.md, "Performance model"): bytes of one layer's attention for one step:
 ///   sum over sequences of 2 * len * kv_heads * head_size * bytes(dtype)   (K and V read)
 ///   + q read and out written                                           (num_seqs x q_heads x D each)
 ///   + V2 only: partials written by pass 1 and read by pass 2, per partition (max logit, exp sum and
@@ -74,7 +75,7 @@ std::string format_bytes(double bytes);
 /// Renders rows as an aligned text table (first row is the header).
 std::string format_table(const std::vector<std::vector<std::string>>& rows);
 
-/// printf into a std::string.
+/// printf into a std::string. Kept for bench_attention.cpp; new code formats with fmt::format.
 std::string strf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /// Result of the streaming-read measurement (bench/bandwidth.cu).

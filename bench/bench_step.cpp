@@ -19,6 +19,7 @@
 // Axes: backend (host; cuda, which reports "no CUDA device" without one), validation (cheap/full),
 // inputs (host memory, or device memory on CUDA), batch.
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
 
 #include <chrono>
 #include <memory>
@@ -209,10 +210,10 @@ void register_all() {
       for (dg::ValidationLevel v : {dg::ValidationLevel::kCheap, dg::ValidationLevel::kFull}) {
         for (dg::MemorySpace sp : {dg::MemorySpace::kHost, dg::MemorySpace::kDevice}) {
           if (sp == dg::MemorySpace::kDevice && b.kind != dg::BackendKind::kCuda) continue;
-          const std::string name = std::string("BM_Step/backend:") + b.name + "/body:" +
-                                   (empty ? "empty" : "attention") +
-                                   "/validation:" + (v == dg::ValidationLevel::kCheap ? "cheap" : "full") +
-                                   "/inputs:" + (sp == dg::MemorySpace::kHost ? "host" : "device");
+          const std::string name =
+              fmt::format("BM_Step/backend:{}/body:{}/validation:{}/inputs:{}", b.name, empty ? "empty" : "attention",
+                          v == dg::ValidationLevel::kCheap ? "cheap" : "full",
+                          sp == dg::MemorySpace::kHost ? "host" : "device");
           benchmark::RegisterBenchmark(name.c_str(), BM_Step, b.kind, empty, v, sp)
               ->ArgName("batch")
               ->Arg(1)

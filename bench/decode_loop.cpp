@@ -11,22 +11,32 @@
 // batch); each runs --steps steps from its start lengths. Segments that start just below a band edge
 // walk across it, so one run shows several bands and the V1 -> V2 swap at the threshold.
 //
-// Output: the plan table, the per-band table (eager vs graph latency, GB/s by DESIGN.md's bytes
-// model, % of the read bandwidth measured in the same run), capture statistics; --json / --csv.
+// Output: the device model and the plan table, the per-band table (eager vs graph latency, GB/s by
+// the bytes model of docs/design.md, % of the read bandwidth measured in the same run), kAuto's and
+// kThreshold's choice per band side by side, capture statistics; --json / --csv. --policy picks the
+// executor's KernelPolicy; --plan-only prints (and --json writes) the plans without running a step
+// (docs/planning.md).
+// Options are parsed by CLI11, output formatted by fmt, and the JSON written with nlohmann::json.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -34,7 +44,7 @@
 #include "decodegraph/decodegraph.hpp"
 
 namespace dg = decodegraph;
-using dgbench::strf;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -51,101 +61,175 @@ struct Options {
   std::string backend = "auto";
   std::string partition = "auto";
   int threshold = 8192;
+  std::string policy = "auto";
+  std::string device_model;  // "sms=N,blocks_per_sm=M"; empty: the backend's (host: an H200 model)
+  bool plan_only = false;
   int max_seq_len = 0;
   std::string json_path;
   bool csv = false;
   std::uint64_t seed = 1;
   bool check = true;
   bool progress = true;
+  /// Options the command line set (long names with dashes); the others are reported as defaults.
+  std::set<std::string> given;
 };
 
-void print_usage(std::FILE* f) {
-  std::fprintf(f,
-R"(usage: decode_loop [options]
+/// A bad command line: main prints the message and exits with status 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
-Simulates a decode loop over a paged KV cache and replays each step through the decodegraph
-Executor, checking it against eager launches and timing both per length band.
+[[noreturn]] void usage_error(const std::string& msg) { throw UsageError(msg); }
 
-shape:
-  --preset NAME         llama3-8b (32q/8kv), llama3-70b-tp8 (8q/1kv), mha (32q/32kv) [head 128,
-                        block 16, bf16]; small (8q/2kv, head 64, block 16, bf16)
-  --q-heads N --kv-heads N --head-size N --block-size N --dtype fp16|bf16|fp32 --layout vllm|nhd
-                        override the preset's fields
-loop:
-  --batch N             sequences per step
-  --start-lens LIST     comma-separated segments; each "N" (every sequence starts at N tokens) or
-                        "MIN:MAX" (start lengths spread over the batch). Each segment runs --steps steps.
-  --steps N             steps per segment
-  --layers N            layers (each with its own KV cache)
-  --max-seq-len N       executor max_seq_len (default: next power of two >= the longest length)
-executor:
-  --backend auto|cuda|host   (auto: cuda when a device is present)
-  --partition auto|N    V2 partition size (multiple of the block size)
-  --threshold N         V1/V2 threshold (default 8192)
-output:
-  --json FILE           write everything as JSON (plot it with bench/plot_decode_loop.py)
-  --csv                 print the per-band table as CSV on stdout; everything else goes to stderr
-  --no-progress         no progress bar (it is drawn only when stderr is a terminal)
-  --seed N              random data seed (default 1)
-  --no-check            skip the eager-vs-graph output comparison (eager is still timed)
-  -h, --help
-)");
+/// "a string that `parse` accepts": a CLI11 check from one of the library's parsers.
+template <typename Parse>
+CLI::Validator parsed_by(Parse parse, const std::string& what) {
+  return CLI::Validator(
+      [parse](std::string& v) -> std::string {
+        try {
+          parse(v);
+          return {};
+        } catch (const dg::Error& e) {
+          return e.what();
+        }
+      },
+      what);
 }
 
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::fprintf(stderr, "decode_loop: %s\n(run decode_loop --help for the options)\n", msg.c_str());
-  std::exit(2);
+/// Parses a whole integer of an option's value (no sign, no trailing text) within [lo, hi].
+int parse_int_in(const std::string& what, const std::string& v, int lo, int hi) {
+  int x = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || x < lo || x > hi)
+    usage_error(fmt::format("{} = '{}' is invalid; allowed: an integer in {}..{}", what, v, lo, hi));
+  return x;
 }
 
-int parse_int(const std::string& flag, const std::string& v, int min_value) {
-  char* end = nullptr;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || x < min_value || x > 1L << 30)
-    usage_error(strf("%s = '%s' is invalid; allowed: an integer >= %d", flag.c_str(), v.c_str(), min_value));
-  return static_cast<int>(x);
-}
-
-Options parse_options(int argc, char** argv, std::vector<std::string>& given) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "-h" || a == "--help") {
-      print_usage(stdout);
-      std::exit(0);
-    }
-    given.push_back(a);
-    if (a == "--preset") o.preset = value();
-    else if (a == "--q-heads") o.q_heads = parse_int(a, value(), 1);
-    else if (a == "--kv-heads") o.kv_heads = parse_int(a, value(), 1);
-    else if (a == "--head-size") o.head_size = parse_int(a, value(), 1);
-    else if (a == "--block-size") o.block_size = parse_int(a, value(), 1);
-    else if (a == "--dtype") o.dtype = value();
-    else if (a == "--layout") o.layout = value();
-    else if (a == "--batch") o.batch = parse_int(a, value(), 1);
-    else if (a == "--start-lens") o.start_lens = value();
-    else if (a == "--steps") o.steps = parse_int(a, value(), 1);
-    else if (a == "--layers") o.layers = parse_int(a, value(), 1);
-    else if (a == "--max-seq-len") o.max_seq_len = parse_int(a, value(), 1);
-    else if (a == "--backend") o.backend = value();
-    else if (a == "--partition") o.partition = value();
-    else if (a == "--threshold") o.threshold = parse_int(a, value(), 1);
-    else if (a == "--json") o.json_path = value();
-    else if (a == "--csv") o.csv = true;
-    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, value(), 0));
-    else if (a == "--no-check") o.check = false;
-    else if (a == "--no-progress") o.progress = false;
-    else usage_error("unknown option '" + a + "'");
+/// --device-model "sms=N,blocks_per_sm=M": fields left out stay 0 (the backend's value).
+dg::DeviceModel parse_device_model(const std::string& text) {
+  dg::DeviceModel d;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key == "sms") d.num_sms = parse_int_in("--device-model sms", value, 1, 65536);
+    else if (key == "blocks_per_sm") d.blocks_per_sm = parse_int_in("--device-model blocks_per_sm", value, 1, 64);
+    else usage_error(fmt::format("--device-model entry '{}' is invalid; allowed: sms=N, blocks_per_sm=M", item));
   }
-  return o;
+  if (d.num_sms == 0 && d.blocks_per_sm == 0) usage_error("--device-model is empty; allowed: sms=N,blocks_per_sm=M");
+  return d;
 }
 
-bool was_given(const std::vector<std::string>& given, const char* flag) {
-  return std::find(given.begin(), given.end(), flag) != given.end();
+/// Where the device model's numbers came from, for the output.
+std::string model_source(const std::string& option, bool gpu) {
+  const char* backend = gpu ? "queried from the device" : "host model of an H200";
+  if (option.empty()) return backend;
+  const dg::DeviceModel d = parse_device_model(option);
+  if (d.num_sms != 0 && d.blocks_per_sm != 0) return "--device-model";
+  return std::string("--device-model; ") + (d.num_sms ? "blocks per SM " : "SMs ") +
+         (gpu ? "queried from the device" : "from the host model of an H200");
 }
+
+/// Parses the command line. Returns the exit status when the program should stop here (--help: 0).
+std::optional<int> parse_options(int argc, char** argv, Options& o) {
+  CLI::App app(
+      "Simulates a decode loop over a paged KV cache and replays each step through the decodegraph\n"
+      "Executor, checking it against eager launches and timing both per length band.",
+      "decode_loop");
+  app.get_formatter()->column_width(34);
+  const CLI::Validator ints = CLI::Range(1, 1 << 30).description(">= 1");
+
+  std::vector<std::string> preset_names;
+  for (const auto& p : dgbench::model_presets()) preset_names.push_back(p.name);
+  app.add_option("--preset", o.preset,
+                 "llama3-8b (32q/8kv), llama3-70b-tp8 (8q/1kv), mha (32q/32kv) [head 128, block 16, bf16]; "
+                 "small (8q/2kv, head 64, block 16, bf16)")
+      ->check(CLI::IsMember(preset_names))
+      ->group("shape");
+  app.add_option("--q-heads", o.q_heads, "override the preset's query heads")->check(ints)->group("shape");
+  app.add_option("--kv-heads", o.kv_heads, "override the preset's KV heads")->check(ints)->group("shape");
+  app.add_option("--head-size", o.head_size, "override the preset's head size")->check(ints)->group("shape");
+  app.add_option("--block-size", o.block_size, "override the preset's block size")->check(ints)->group("shape");
+  app.add_option("--dtype", o.dtype, "override the preset's dtype")
+      ->check(parsed_by([](const std::string& s) { dg::parse_dtype(s); }, "fp16|bf16|fp32"))
+      ->group("shape");
+  app.add_option("--layout", o.layout, "override the preset's KV layout")
+      ->check(parsed_by([](const std::string& s) { dg::parse_layout(s); }, "vllm|nhd"))
+      ->group("shape");
+
+  app.add_option("--batch", o.batch, "sequences per step")->check(ints)->group("loop");
+  app.add_option("--start-lens", o.start_lens,
+                 "comma-separated segments; each \"N\" (every sequence starts at N tokens) or \"MIN:MAX\" "
+                 "(start lengths spread over the batch). Each segment runs --steps steps.")
+      ->group("loop");
+  app.add_option("--steps", o.steps, "steps per segment")->check(ints)->group("loop");
+  app.add_option("--layers", o.layers, "layers (each with its own KV cache)")->check(ints)->group("loop");
+  app.add_option("--max-seq-len", o.max_seq_len,
+                 "executor max_seq_len (default: next power of two >= the longest length)")
+      ->check(ints)
+      ->group("loop");
+
+  app.add_option("--backend", o.backend, "auto: cuda when a device is present")
+      ->check(CLI::IsMember({"auto", "cuda", "host"}))
+      ->group("executor");
+  app.add_option("--partition", o.partition, "V2 partition size: auto, or N (a multiple of the block size)")
+      ->check((CLI::IsMember({"auto"}) | ints).description("auto|N"))
+      ->group("executor");
+  app.add_option("--threshold", o.threshold, "V1/V2 threshold")->capture_default_str()->check(ints)->group("executor");
+  app.add_option("--policy", o.policy,
+                 "how buckets pick V1/V2 and P: auto (fill the GPU's resident slots), threshold (V1 up to "
+                 "the threshold), measured (time candidates at capture); see docs/planning.md")
+      ->check(CLI::IsMember({"auto", "threshold", "measured"}))
+      ->capture_default_str()
+      ->group("executor");
+  app.add_option("--device-model", o.device_model,
+                 "plan for this GPU: sms=N,blocks_per_sm=M (either may be left out); default: the device's "
+                 "(host backend: an H200, 132 SMs, and the pass-1 kernel's occupancy)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              parse_device_model(v);
+              return {};
+            } catch (const UsageError& e) {
+              return e.what();
+            }
+          },
+          "sms=N,blocks_per_sm=M"))
+      ->group("executor");
+  app.add_flag("--plan-only", o.plan_only,
+               "print (and with --json write) every bucket's plan for the host model or --device-model, "
+               "then exit without allocating caches or running a step")
+      ->group("executor");
+
+  app.add_option("--json", o.json_path, "write everything as JSON (plot it with bench/plot_decode_loop.py)")
+      ->group("output");
+  app.add_flag("--csv", o.csv, "print the per-band table as CSV on stdout; everything else goes to stderr")
+      ->group("output");
+  bool no_progress = false, no_check = false;
+  app.add_flag("--no-progress", no_progress, "no progress bar (it is drawn only when stderr is a terminal)")
+      ->group("output");
+  app.add_option("--seed", o.seed, "random data seed")->capture_default_str()->group("output");
+  app.add_flag("--no-check", no_check, "skip the eager-vs-graph output comparison (eager is still timed)")
+      ->group("output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "decode_loop: {}\n(run decode_loop --help for the options)\n", e.what());
+    return 2;
+  }
+  o.progress = !no_progress;
+  o.check = !no_check;
+  for (const CLI::Option* opt : app.get_options())
+    if (opt->count() > 0) o.given.insert(opt->get_name());
+  return std::nullopt;
+}
+
+/// Parses a whole non-negative integer of a --start-lens entry.
+int parse_length(const std::string& what, const std::string& v) { return parse_int_in(what, v, 0, 1 << 30); }
 
 /// One --start-lens entry: start lengths for the batch.
 struct Segment {
@@ -164,11 +248,11 @@ std::vector<Segment> parse_segments(const std::string& text, int batch) {
     const auto colon = item.find(':');
     int lo, hi;
     if (colon == std::string::npos) {
-      lo = hi = parse_int("--start-lens entry", item, 0);
+      lo = hi = parse_length("--start-lens entry", item);
     } else {
-      lo = parse_int("--start-lens MIN", item.substr(0, colon), 0);
-      hi = parse_int("--start-lens MAX", item.substr(colon + 1), 0);
-      if (hi < lo) usage_error(strf("--start-lens entry '%s' has MAX < MIN", item.c_str()));
+      lo = parse_length("--start-lens MIN", item.substr(0, colon));
+      hi = parse_length("--start-lens MAX", item.substr(colon + 1));
+      if (hi < lo) usage_error(fmt::format("--start-lens entry '{}' has MAX < MIN", item));
     }
     for (int i = 0; i < batch; ++i)
       s.start.push_back(batch == 1 ? hi
@@ -273,15 +357,14 @@ class Progress {
     const int width = 30;
     const int filled = static_cast<int>(width * done / std::max(1L, total_));
     const double eta = done > 0 ? t * static_cast<double>(total_ - done) / static_cast<double>(done) : 0;
-    std::fprintf(stderr, "\r[%s%s] %3ld%%  step %ld/%ld  %s  eta %.0fs   ",
-                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                 std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), 100 * done / std::max(1L, total_),
-                 done, total_, label.c_str(), eta);
+    fmt::print(stderr, "\r[{}{}] {:3}%  step {}/{}  {}  eta {:.0f}s   ", std::string(static_cast<std::size_t>(filled), '#'),
+               std::string(static_cast<std::size_t>(width - filled), ' '), 100 * done / std::max(1L, total_), done,
+               total_, label, eta);
     std::fflush(stderr);
     drawn_ = true;
   }
   void finish() {
-    if (drawn_) std::fprintf(stderr, "\r%80s\r", "");
+    if (drawn_) fmt::print(stderr, "\r{:80}\r", "");
     drawn_ = false;
   }
 
@@ -307,6 +390,8 @@ struct StepRecord {
   dg::KernelKind kernel = dg::KernelKind::kV1;
   int partition_size = 0;
   bool captured = false;
+  bool measured = false;  // the step timed kMeasured's candidates
+  int graph_id = -1;
   int max_len = 0;
   double bytes = 0;  // bytes model, all layers
   double eager_us = 0;
@@ -347,7 +432,8 @@ std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_
       eager.push_back(r->eager_us);
       bytes += r->bytes;
       row.max_abs_diff = std::max(row.max_abs_diff, r->max_abs_diff);
-      if (!r->captured) graph.push_back(r->graph_us);  // a capturing step times the capture, not a replay
+      // A capturing (or measuring) step times the capture, not a replay.
+      if (!r->captured && !r->measured) graph.push_back(r->graph_us);
     }
     row.timed_steps = static_cast<int>(graph.size());
     row.bytes_per_step = bytes / static_cast<double>(g.size());
@@ -365,21 +451,126 @@ std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_
   return rows;
 }
 
-std::string band_label(int lo, int hi) { return strf("(%d, %d]", lo, hi); }
+std::string band_label(int lo, int hi) { return fmt::format("({}, {}]", lo, hi); }
 
 // ---------------------------------------------------------------- JSON
 
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (c == '\n') o += "\\n";
-    else if (static_cast<unsigned char>(c) < 0x20) o += strf("\\u%04x", c);
-    else o += c;
+/// A number, or null where there is none (non-finite, or not measured).
+json num_or_null(double v, bool present = true) { return present && std::isfinite(v) ? json(v) : json(nullptr); }
+
+/// One bucket's plan as structured data (docs/planning.md lists the fields).
+json plan_json(const dg::BucketPlan& p) {
+  json j = {{"batch", p.batch},
+            {"band_lo", p.band_lo},
+            {"band_hi", p.band_hi},
+            {"kernel", dg::to_string(p.kernel)},
+            {"partition_size", p.partition_size},
+            {"partitions", p.max_partitions},
+            {"blocks", p.blocks},
+            {"target_blocks", p.target_blocks},
+            {"live_blocks_at_band_lo", p.live_blocks_at_band_lo},
+            {"graph_id", p.graph_id},
+            {"band", p.band},
+            {"design_len", p.design_len},
+            {"launch_len", p.launch_len},
+            {"waves", p.waves},
+            {"reason", dg::to_string(p.reason)},
+            {"why", dg::describe_reason(p)},
+            {"grid", {p.grid_x, p.grid_y, p.grid_z}},
+            {"merge_grid", {p.merge_grid_x, p.merge_grid_y}},
+            {"workspace_bytes", p.workspace_bytes}};
+  if (!p.candidates.empty()) {
+    json c = json::array();
+    for (const dg::PlanCandidate& k : p.candidates)
+      c.push_back({{"kernel", dg::to_string(k.kernel)},
+                   {"partition_size", k.partition_size},
+                   {"us", num_or_null(k.us, k.us >= 0)}});
+    j["candidates"] = c;
   }
-  return o + "\"";
+  return j;
 }
-std::string json_num(double v) { return std::isfinite(v) ? strf("%.6g", v) : "null"; }
+
+json plans_json(const std::vector<dg::BucketPlan>& plans) {
+  json a = json::array();
+  for (const dg::BucketPlan& p : plans) a.push_back(plan_json(p));
+  return a;
+}
+
+json device_model_json(const dg::DeviceModel& d, const std::string& source) {
+  return {{"num_sms", d.num_sms}, {"blocks_per_sm", d.blocks_per_sm}, {"target_blocks", d.target_blocks()},
+          {"source", source}};
+}
+
+int distinct_graphs(const std::vector<dg::BucketPlan>& plans) {
+  std::set<int> ids;
+  for (const dg::BucketPlan& p : plans) ids.insert(p.graph_id);
+  return static_cast<int>(ids.size());
+}
+
+std::string kernel_label(const dg::BucketPlan& p) {
+  return p.kernel == dg::KernelKind::kV2 ? fmt::format("v2 P={}", p.partition_size) : std::string("v1");
+}
+
+// ---------------------------------------------------------------- kAuto against kThreshold
+
+/// kAuto's and kThreshold's plan for one band of the run's batch bucket, and why they differ.
+struct PolicyRow {
+  dg::BucketPlan automatic, threshold;
+  std::string why;
+};
+
+std::vector<PolicyRow> compare_policies(dg::ExecutorConfig cfg, int batch) {
+  cfg.policy = dg::KernelPolicy::kAuto;
+  const std::vector<dg::BucketPlan> a = dg::plan_buckets(cfg);
+  cfg.policy = dg::KernelPolicy::kThreshold;
+  const std::vector<dg::BucketPlan> t = dg::plan_buckets(cfg);
+  std::vector<PolicyRow> rows;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].batch != batch) continue;
+    PolicyRow r{a[i], t[i], {}};
+    if (a[i].kernel == t[i].kernel && a[i].partition_size == t[i].partition_size)
+      r.why = a[i].band_hi > cfg.v2_threshold ? "same: above the threshold every policy runs V2 (the swap)"
+                                              : "same: V1 already fills the GPU";
+    else
+      r.why = "differ: " + dg::describe_reason(a[i]);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+json policies_json(const std::vector<PolicyRow>& rows) {
+  json a = json::array();
+  auto side = [](const dg::BucketPlan& p) {
+    return json{{"kernel", dg::to_string(p.kernel)},
+                {"partition_size", p.partition_size},
+                {"blocks", p.blocks},
+                {"live_blocks_at_band_lo", p.live_blocks_at_band_lo}};
+  };
+  for (const PolicyRow& r : rows)
+    a.push_back({{"band_lo", r.automatic.band_lo},
+                 {"band_hi", r.automatic.band_hi},
+                 {"auto", side(r.automatic)},
+                 {"threshold", side(r.threshold)},
+                 {"why", r.why}});
+  return a;
+}
+
+std::string policies_table(const std::vector<PolicyRow>& rows) {
+  constexpr const char* kRow = "{:<16} {:>10} {:>8}  {:>10} {:>8}  {}\n";
+  std::string s = fmt::format(kRow, "band", "kAuto", "live@lo", "kThreshold", "live@lo", "why");
+  for (const PolicyRow& r : rows)
+    s += fmt::format(kRow, fmt::format("({}, {}]", r.automatic.band_lo, r.automatic.band_hi),
+                     kernel_label(r.automatic), r.automatic.live_blocks_at_band_lo, kernel_label(r.threshold),
+                     r.threshold.live_blocks_at_band_lo, r.why);
+  return s;
+}
+
+void write_json(const std::string& path, const json& j) {
+  std::ofstream f(path);
+  if (!f) usage_error("--json: cannot write '" + path + "'");
+  f << j.dump(2) << "\n";
+  if (!f) usage_error("--json: writing '" + path + "' failed");
+}
 
 // ---------------------------------------------------------------- the run
 
@@ -397,17 +588,67 @@ Tolerance tolerance_for(dg::DType t) {
   return {0, 0};
 }
 
+/// --plan-only: every bucket's plan for the host model (or --device-model), as a table and, with
+/// --json, as one object per bucket. No cache is allocated and no step runs.
+int plan_only(const Options& opt, dg::ExecutorConfig cfg, const std::vector<std::string>& defaults_used,
+              std::FILE* out) {
+  const dg::DeviceModel host = dg::host_device_model(cfg.spec);
+  const std::string source = model_source(opt.device_model, /*gpu=*/false);
+  if (cfg.device_model.num_sms == 0) cfg.device_model.num_sms = host.num_sms;
+  if (cfg.device_model.blocks_per_sm == 0) cfg.device_model.blocks_per_sm = host.blocks_per_sm;
+  const std::vector<dg::BucketPlan> plans = dg::plan_buckets(cfg);
+  const dg::AttentionSpec& s = cfg.spec;
+  fmt::print(out, "decodegraph {} decode_loop --plan-only\n", dg::version());
+  std::vector<std::string> planning_defaults;  // only the options planning reads
+  for (const std::string& d : defaults_used)
+    for (const char* flag : {"--preset ", "--batch ", "--max-seq-len ", "--partition ", "--threshold ", "--policy "})
+      if (d.rfind(flag, 0) == 0) planning_defaults.push_back(d);
+  if (!planning_defaults.empty()) fmt::print(out, "defaults used: {};\n", fmt::join(planning_defaults, "; "));
+  fmt::print(out, "shape: {} q heads, {} kv heads, head {}, block {}, {}; max_batch {}, max_seq_len {}, threshold {}\n",
+             s.num_q_heads, s.num_kv_heads, s.head_size, s.block_size, dg::to_string(s.dtype), cfg.max_batch,
+             cfg.max_seq_len, cfg.v2_threshold);
+  fmt::print(out, "policy {}; device model {} SMs x {} resident pass-1 blocks = {} slots ({})\n", opt.policy,
+             cfg.device_model.num_sms, cfg.device_model.blocks_per_sm, cfg.device_model.target_blocks(), source);
+  fmt::print(out, "{} buckets, {} distinct graphs{}:\n{}", plans.size(),
+             cfg.policy == dg::KernelPolicy::kMeasured ? std::string("(decided when measured)")
+                                                       : std::to_string(distinct_graphs(plans)),
+             cfg.policy == dg::KernelPolicy::kMeasured ? "; kMeasured starts from kAuto's choice" : "",
+             dg::format_plan_table(plans));
+  if (!opt.json_path.empty()) {
+    json j;
+    j["program"] = "decode_loop";
+    j["version"] = dg::version();
+    j["mode"] = "plan-only";
+    j["config"] = {{"preset", opt.preset},
+                   {"q_heads", s.num_q_heads},
+                   {"kv_heads", s.num_kv_heads},
+                   {"head_size", s.head_size},
+                   {"block_size", s.block_size},
+                   {"dtype", dg::to_string(s.dtype)},
+                   {"max_batch", cfg.max_batch},
+                   {"max_seq_len", cfg.max_seq_len},
+                   {"threshold", cfg.v2_threshold},
+                   {"partition", opt.partition}};
+    j["policy"] = opt.policy;
+    j["device_model"] = device_model_json(cfg.device_model, source);
+    j["buckets"] = plans.size();
+    j["distinct_graphs"] = cfg.policy == dg::KernelPolicy::kMeasured ? json(nullptr) : json(distinct_graphs(plans));
+    j["plans"] = plans_json(plans);
+    write_json(opt.json_path, j);
+    fmt::print(out, "json: {}\n", opt.json_path);
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
-  std::vector<std::string> given;
-  Options opt = parse_options(argc, argv, given);
+  Options opt;
+  if (const std::optional<int> status = parse_options(argc, argv, opt)) return *status;
   std::FILE* out = opt.csv ? stderr : stdout;  // with --csv, stdout carries only the CSV table
 
   // Backend first: the defaults depend on it.
   dg::BackendKind backend;
   if (opt.backend == "auto") backend = dg::cuda_device_available() ? dg::BackendKind::kCuda : dg::BackendKind::kHost;
-  else if (opt.backend == "cuda") backend = dg::BackendKind::kCuda;
-  else if (opt.backend == "host") backend = dg::BackendKind::kHost;
-  else usage_error("--backend = '" + opt.backend + "' is invalid; allowed: auto, cuda, host");
+  else backend = opt.backend == "cuda" ? dg::BackendKind::kCuda : dg::BackendKind::kHost;  // checked by CLI11
   const bool gpu = backend == dg::BackendKind::kCuda;
   if (gpu && !dg::cuda_device_available())
     usage_error(dg::built_with_cuda() ? "--backend cuda: no usable CUDA device is present"
@@ -417,12 +658,11 @@ int run(int argc, char** argv) {
   // cross four band edges including the V1/V2 threshold at 8192.
   std::vector<std::string> defaults_used;
   auto def = [&](const char* flag, const std::string& shown) {
-    if (!was_given(given, flag)) defaults_used.push_back(std::string(flag) + " " + shown);
+    if (!opt.given.count(flag)) defaults_used.push_back(std::string(flag) + " " + shown);
   };
   if (opt.preset.empty()) opt.preset = gpu ? "llama3-8b" : "small";
   def("--preset", opt.preset);
-  const dgbench::ModelPreset* preset = dgbench::find_preset(opt.preset);
-  if (!preset) usage_error("--preset = '" + opt.preset + "' is invalid; allowed: llama3-8b, llama3-70b-tp8, mha, small");
+  const dgbench::ModelPreset* preset = dgbench::find_preset(opt.preset);  // a known name: checked by CLI11
   dg::AttentionSpec spec = dgbench::spec_of(*preset);
   if (opt.q_heads) spec.num_q_heads = opt.q_heads;
   if (opt.kv_heads) spec.num_kv_heads = opt.kv_heads;
@@ -443,6 +683,7 @@ int run(int argc, char** argv) {
   def("--backend", opt.backend + " -> " + dg::to_string(backend));
   def("--partition", opt.partition);
   def("--threshold", std::to_string(opt.threshold));
+  def("--policy", opt.policy);
 
   const std::vector<Segment> segments = parse_segments(opt.start_lens, opt.batch);
   const int bs = spec.block_size;
@@ -462,9 +703,21 @@ int run(int argc, char** argv) {
   }
   def("--max-seq-len", std::to_string(opt.max_seq_len));
   if (longest > opt.max_seq_len)
-    usage_error(strf("--max-seq-len = %d is below the longest length the run reaches (%d)", opt.max_seq_len, longest));
-  int partition = 0;
-  if (opt.partition != "auto") partition = parse_int("--partition", opt.partition, 1);
+    usage_error(fmt::format("--max-seq-len = {} is below the longest length the run reaches ({})", opt.max_seq_len,
+                            longest));
+  const int partition = opt.partition == "auto" ? 0 : std::stoi(opt.partition);  // checked by CLI11
+
+  // What planning reads; the run adds its caches and layers below.
+  dg::ExecutorConfig cfg;
+  cfg.spec = spec;
+  cfg.max_batch = opt.batch;
+  cfg.max_seq_len = opt.max_seq_len;
+  cfg.v2_threshold = opt.threshold;
+  cfg.partition_size = partition;
+  cfg.policy = dg::parse_kernel_policy(opt.policy);
+  if (!opt.device_model.empty()) cfg.device_model = parse_device_model(opt.device_model);
+  const std::string model_from = model_source(opt.device_model, gpu);
+  if (opt.plan_only) return plan_only(opt, cfg, defaults_used, out);
 
   const int num_blocks = static_cast<int>(std::max<long long>(1, max_blocks_needed));
   const int width = (opt.max_seq_len + bs - 1) / bs;  // block-table row width
@@ -473,7 +726,7 @@ int run(int argc, char** argv) {
   const std::size_t qo_elems = static_cast<std::size_t>(opt.batch) * spec.num_q_heads * spec.head_size;
   const std::size_t kv_row_elems = static_cast<std::size_t>(opt.batch) * spec.num_kv_heads * spec.head_size;
 
-  std::fprintf(out, "decodegraph %s decode_loop\n", dg::version());
+  fmt::print(out, "decodegraph {} decode_loop\n", dg::version());
   std::string device_name = "CPU";
   dgbench::ReadBandwidth rbw;
 #if DECODEGRAPH_HAS_CUDA
@@ -484,32 +737,31 @@ int run(int argc, char** argv) {
     DGB_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     device_name = prop.name;
     rbw = dgbench::measure_read_bandwidth(dgbench::default_bandwidth_buffer_bytes(), 20);
-    std::fprintf(out, "backend: cuda on %s (%d SMs); timings are GPU wall-clock per step (host launch + device)\n",
-                 prop.name, prop.multiProcessorCount);
-    std::fprintf(out, "measured read bandwidth: %.0f GB/s (median of %d streaming reads of %s; best %.0f GB/s)\n",
-                 rbw.median_gbs, rbw.iterations, dgbench::format_bytes(static_cast<double>(rbw.buffer_bytes)).c_str(),
-                 rbw.best_gbs);
+    fmt::print(out, "backend: cuda on {} ({} SMs); timings are GPU wall-clock per step (host launch + device)\n",
+               prop.name, prop.multiProcessorCount);
+    fmt::print(out, "measured read bandwidth: {:.0f} GB/s (median of {} streaming reads of {}; best {:.0f} GB/s)\n",
+               rbw.median_gbs, rbw.iterations, dgbench::format_bytes(static_cast<double>(rbw.buffer_bytes)),
+               rbw.best_gbs);
   }
 #endif
   if (!gpu) {
-    std::fprintf(out,
-                 "backend: host (%s). All timings are CPU timings of the host backend, NOT GPU timings;\n"
-                 "GB/s against device bandwidth is not applicable (n/a). Graph replay and eager run the\n"
-                 "same host implementation here, so expect a speedup near 1.0x.\n",
-                 dg::cuda_device_available() ? "chosen with --backend host" : "no CUDA device present");
+    fmt::print(out,
+               "backend: host ({}). All timings are CPU timings of the host backend, NOT GPU timings;\n"
+               "GB/s against device bandwidth is not applicable (n/a). Graph replay and eager run the\n"
+               "same host implementation here, so expect a speedup near 1.0x.\n",
+               dg::cuda_device_available() ? "chosen with --backend host" : "no CUDA device present");
   }
   if (!defaults_used.empty()) {
-    std::fprintf(out, "defaults used:");
-    for (const auto& d : defaults_used) std::fprintf(out, " %s;", d.c_str());
-    std::fprintf(out, "\n");
+    fmt::print(out, "defaults used:");
+    for (const auto& d : defaults_used) fmt::print(out, " {};", d);
+    fmt::print(out, "\n");
   }
-  std::fprintf(out,
-               "shape: %d q heads, %d kv heads, head %d, block %d, %s, layout %s; batch %d, %d layers, %d "
-               "steps x %zu segments\n",
-               spec.num_q_heads, spec.num_kv_heads, spec.head_size, spec.block_size, dg::to_string(spec.dtype),
-               dg::to_string(spec.layout), opt.batch, opt.layers, opt.steps, segments.size());
-  std::fprintf(out, "KV cache: %d blocks x %d layers = %s\n\n", num_blocks, opt.layers,
-               dgbench::format_bytes(2.0 * static_cast<double>(cache_elems * esize) * opt.layers).c_str());
+  fmt::print(out, "shape: {} q heads, {} kv heads, head {}, block {}, {}, layout {}; batch {}, {} layers, {} steps x {} "
+             "segments\n",
+             spec.num_q_heads, spec.num_kv_heads, spec.head_size, spec.block_size, dg::to_string(spec.dtype),
+             dg::to_string(spec.layout), opt.batch, opt.layers, opt.steps, segments.size());
+  fmt::print(out, "KV cache: {} blocks x {} layers = {}\n\n", num_blocks, opt.layers,
+             dgbench::format_bytes(2.0 * static_cast<double>(cache_elems * esize) * opt.layers));
 
   // Caches, random and never zero.
   std::vector<Buffer> k_caches, v_caches, eager_out;
@@ -535,8 +787,6 @@ int run(int argc, char** argv) {
   if (gpu) DGB_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
 
-  dg::ExecutorConfig cfg;
-  cfg.spec = spec;
   cfg.num_layers = opt.layers;
   for (int l = 0; l < opt.layers; ++l) {
     dg::LayerBuffers lb;
@@ -544,28 +794,32 @@ int run(int argc, char** argv) {
     lb.v_cache = v_caches[l].get();
     cfg.layers.push_back(lb);
   }
-  cfg.max_batch = opt.batch;
-  cfg.max_seq_len = opt.max_seq_len;
   cfg.num_blocks = num_blocks;
   cfg.max_blocks_per_seq = width;
-  cfg.v2_threshold = opt.threshold;
-  cfg.partition_size = partition;
   cfg.capture = dg::CapturePolicy::kLazy;
   cfg.backend = backend;
   cfg.append_kv = true;
   dg::Executor ex(cfg);
   const dg::Stream stream = ex.stream();
 
-  std::fprintf(out, "plan (every bucket; this run uses batch bucket %d):\n%s\n", opt.batch, ex.plan_table().c_str());
+  const dg::DeviceModel model = ex.config().device_model;
+  fmt::print(out, "policy {}; device model {} SMs x {} resident pass-1 blocks = {} slots ({})\n", opt.policy,
+             model.num_sms, model.blocks_per_sm, model.target_blocks(),
+             model_from);
+  fmt::print(out, "plan (every bucket; this run uses batch bucket {}; {} distinct graphs for {} buckets{}):\n{}\n",
+             opt.batch, ex.stats().distinct_graphs, ex.plans().size(),
+             cfg.policy == dg::KernelPolicy::kMeasured ? ", kMeasured: decided when each bucket is first captured"
+                                                       : "",
+             ex.plan_table());
+  dg::ExecutorConfig model_cfg = cfg;  // kAuto and kThreshold side by side, on the executor's device model
+  model_cfg.device_model = model;
+  const std::vector<PolicyRow> policy_rows = compare_policies(model_cfg, opt.batch);
 
   // Eager-side buffers: staged inputs and V2 workspace sized for the largest plan.
   Buffer d_lens(gpu, sizeof(int32_t) * opt.batch), d_tables(gpu, sizeof(int32_t) * opt.batch * width),
       d_slots(gpu, sizeof(int64_t) * opt.batch);
-  std::size_t ws_bytes = 0;
-  for (const auto& p : ex.plans())
-    if (p.kernel == dg::KernelKind::kV2)
-      ws_bytes = std::max(ws_bytes, dg::v2_workspace_size(spec, opt.batch, p.band_hi, p.partition_size));
-  Buffer workspace(gpu, ws_bytes);
+  // The executor's workspace covers every plan of the run's batch bucket, and every kMeasured candidate.
+  Buffer workspace(gpu, ex.memory().workspace);
   HostArray<int32_t> lens(gpu, opt.batch), tables(gpu, static_cast<std::size_t>(opt.batch) * width);
   HostArray<int64_t> slots(gpu, opt.batch);
   std::vector<unsigned char> host_graph_out(qo_elems * esize), host_eager_out(qo_elems * esize);
@@ -670,7 +924,7 @@ int run(int argc, char** argv) {
       const dg::StepResult r = ex.step(in);
       sync();
       const double graph_us = us_since(t0);
-      if (r.captured) capture_wall_ms += graph_us / 1000.0;
+      if (r.captured || r.measured) capture_wall_ms += graph_us / 1000.0;
 
       // Eager: the same work launched call by call, with the plan's kernel and partition size. It
       // appends the same K/V into the same slots (idempotent), so both see identical caches.
@@ -722,6 +976,8 @@ int run(int argc, char** argv) {
       rec.kernel = r.kernel;
       rec.partition_size = r.partition_size;
       rec.captured = r.captured;
+      rec.measured = r.measured;
+      rec.graph_id = r.graph_id;
       rec.max_len = max_len;
       rec.eager_us = eager_us;
       rec.graph_us = graph_us;
@@ -749,10 +1005,10 @@ int run(int argc, char** argv) {
           const bool bad = gpu ? !same : out_of_tol;
           if (bad) {
             if (mismatches.size() < 5)
-              mismatches.push_back(strf("segment %zu step %d layer %d (%s, band %s): graph and eager differ; max "
-                                        "|diff| %.3g at element %zu%s",
-                                        si, st, l, dg::to_string(r.kernel), band_label(rec.band_lo, r.band_hi).c_str(),
-                                        worst, worst_i, gpu ? " (bitwise equality required on GPU)" : ""));
+              mismatches.push_back(fmt::format("segment {} step {} layer {} ({}, band {}): graph and eager differ; "
+                                               "max |diff| {:.3g} at element {}{}",
+                                               si, st, l, dg::to_string(r.kernel), band_label(rec.band_lo, r.band_hi),
+                                               worst, worst_i, gpu ? " (bitwise equality required on GPU)" : ""));
             ++mismatch_steps;
           }
         }
@@ -785,7 +1041,7 @@ int run(int argc, char** argv) {
       last_band = r.band;
       recs.push_back(rec);
       progress.update(static_cast<long>(recs.size()),
-                      strf("len %d %s", max_len, dg::to_string(r.kernel)));
+                      fmt::format("len {} {}", max_len, dg::to_string(r.kernel)));
     }
   }
   progress.finish();
@@ -800,55 +1056,65 @@ int run(int argc, char** argv) {
     const bool timed = b.timed_steps > 0;
     table.push_back({band_label(b.band_lo, b.band_hi), dg::to_string(b.kernel),
                      b.kernel == dg::KernelKind::kV2 ? std::to_string(b.partition_size) : "-",
-                     b.timed_steps == b.steps ? std::to_string(b.steps) : strf("%d (%d)", b.steps, b.timed_steps),
-                     strf("%.1f", b.eager_p50), strf("%.1f", b.eager_p99), timed ? strf("%.1f", b.graph_p50) : "-",
-                     timed ? strf("%.1f", b.graph_p99) : "-", timed ? strf("%.2fx", b.speedup) : "-",
-                     timed ? strf("%.1f", b.gbs) : "-", b.pct_read_bw >= 0 ? strf("%.1f%%", b.pct_read_bw) : "n/a"});
+                     b.timed_steps == b.steps ? std::to_string(b.steps) : fmt::format("{} ({})", b.steps, b.timed_steps),
+                     fmt::format("{:.1f}", b.eager_p50), fmt::format("{:.1f}", b.eager_p99),
+                     timed ? fmt::format("{:.1f}", b.graph_p50) : "-", timed ? fmt::format("{:.1f}", b.graph_p99) : "-",
+                     timed ? fmt::format("{:.2f}x", b.speedup) : "-", timed ? fmt::format("{:.1f}", b.gbs) : "-",
+                     b.pct_read_bw >= 0 ? fmt::format("{:.1f}%", b.pct_read_bw) : "n/a"});
   }
-  std::fprintf(out, "per band (batch bucket %d, %d layers; %s):\n", opt.batch, opt.layers,
-               gpu ? "GPU wall-clock per step, host launch through device completion"
-                   : "CPU timings of the host backend");
-  std::fprintf(out, "%s", dgbench::format_table(table).c_str());
-  std::fprintf(out,
-               "  steps \"N (M)\": M of N steps timed for graph; the others captured the bucket's graph (see "
-               "captures below).\n"
-               "  GB/s = bytes per step by DESIGN.md's bytes model (K+V read, q, out, V2 partials) / graph p50.\n");
-  if (!gpu) std::fprintf(out, "  %% read bw: n/a on the host backend (no device bandwidth to compare with).\n");
+  fmt::print(out, "per band (batch bucket {}, {} layers; {}):\n", opt.batch, opt.layers,
+             gpu ? "GPU wall-clock per step, host launch through device completion" : "CPU timings of the host backend");
+  fmt::print(out, "{}", dgbench::format_table(table));
+  fmt::print(out,
+             "  steps \"N (M)\": M of N steps timed for graph; the others captured the bucket's graph or timed "
+             "its candidates (see captures below).\n"
+             "  GB/s = bytes per step by the bytes model of docs/design.md (K+V read, q, out, V2 partials) / graph "
+             "p50.\n");
+  if (!gpu) fmt::print(out, "  % read bw: n/a on the host backend (no device bandwidth to compare with).\n");
+  fmt::print(out,
+             "\nkAuto and kThreshold per band (batch bucket {}; {} slots; this run: --policy {}):\n{}"
+             "  The swap: above the threshold ({}) every policy replays V2. At or below it kThreshold runs V1,\n"
+             "  one block per (sequence, KV head), while kAuto runs V1 only where that fills the {} resident\n"
+             "  slots, and otherwise V2 with enough balanced partitions to fill them at the band's lower edge.\n",
+             opt.batch, model.target_blocks(), opt.policy, policies_table(policy_rows), opt.threshold,
+             model.target_blocks());
   if (opt.csv) {
-    std::printf("band_lo,band_hi,kernel,partition_size,steps,timed_steps,eager_p50_us,eager_p99_us,graph_p50_us,"
-                "graph_p99_us,speedup,bytes_per_step,gbs,pct_read_bw\n");
+    fmt::print("band_lo,band_hi,kernel,partition_size,steps,timed_steps,eager_p50_us,eager_p99_us,graph_p50_us,"
+               "graph_p99_us,speedup,bytes_per_step,gbs,pct_read_bw\n");
     for (const auto& b : rows)
-      std::printf("%d,%d,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.0f,%.3f,%s\n", b.band_lo, b.band_hi,
-                  dg::to_string(b.kernel), b.partition_size, b.steps, b.timed_steps, b.eager_p50, b.eager_p99,
-                  b.graph_p50, b.graph_p99, b.speedup, b.bytes_per_step, b.gbs,
-                  b.pct_read_bw >= 0 ? strf("%.2f", b.pct_read_bw).c_str() : "n/a");
+      fmt::print("{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.0f},{:.3f},{}\n", b.band_lo, b.band_hi,
+                 dg::to_string(b.kernel), b.partition_size, b.steps, b.timed_steps, b.eager_p50, b.eager_p99,
+                 b.graph_p50, b.graph_p99, b.speedup, b.bytes_per_step, b.gbs,
+                 b.pct_read_bw >= 0 ? fmt::format("{:.2f}", b.pct_read_bw) : "n/a");
   }
 
   const dg::ExecutorStats stats = ex.stats();
   const dg::MemoryReport mem = ex.memory();
-  std::vector<std::vector<std::string>> ctable = {
-      {"bucket", "band", "captures", "replays", "nodes", "capture ms", "instantiate ms"}};
-  double cap_ms = 0, inst_ms = 0;
-  for (const auto& g : stats.graphs) {
-    std::string band = std::to_string(g.band);
-    for (const auto& p : ex.plans())
-      if (p.band == g.band) band = band_label(p.band_lo, p.band_hi);
-    ctable.push_back({std::to_string(g.batch), band, std::to_string(g.captures), std::to_string(g.replays),
-                      std::to_string(g.nodes), strf("%.2f", g.capture_ms), strf("%.2f", g.instantiate_ms)});
-    cap_ms += g.capture_ms;
-    inst_ms += g.instantiate_ms;
-  }
-  std::fprintf(out, "\ncaptures: %d graphs, capture %.2f ms + instantiate %.2f ms in total (%.2f ms wall in the "
-               "capturing steps)\n%s",
-               stats.total_captures, cap_ms, inst_ms, capture_wall_ms, dgbench::format_table(ctable).c_str());
-  std::fprintf(out, "memory: static buffers %s, V2 workspace %s, graphs %s, total %s%s\n",
-               dgbench::format_bytes(static_cast<double>(mem.static_buffers)).c_str(),
-               dgbench::format_bytes(static_cast<double>(mem.workspace)).c_str(),
-               dgbench::format_bytes(static_cast<double>(mem.graphs)).c_str(),
-               dgbench::format_bytes(static_cast<double>(mem.total())).c_str(),
-               gpu ? "" : " (host memory; graphs: n/a on host)");
-  std::fprintf(out, "steps: %lld replayed (%lld V1, %lld V2), %lld rejected\n", stats.steps,
-               stats.replays(dg::KernelKind::kV1), stats.replays(dg::KernelKind::kV2), stats.rejected_steps);
+  std::vector<std::vector<std::string>> ctable = {{"graph", "bucket", "lengths", "buckets", "kernel", "captures",
+                                                   "replays", "nodes", "capture ms", "instantiate ms", "measure ms"}};
+  for (const auto& g : stats.graphs)
+    ctable.push_back({std::to_string(g.graph_id), std::to_string(g.batch), band_label(g.band_lo, g.band_hi),
+                      std::to_string(g.buckets),
+                      g.kernel == dg::KernelKind::kV2 ? fmt::format("v2 P={}", g.partition_size) : "v1",
+                      std::to_string(g.captures), std::to_string(g.replays), std::to_string(g.nodes),
+                      fmt::format("{:.2f}", g.capture_ms), fmt::format("{:.2f}", g.instantiate_ms),
+                      fmt::format("{:.2f}", g.measure_ms)});
+  fmt::print(out,
+             "\ncaptures: {} graphs captured of {} distinct for {} buckets; capture {:.2f} ms + instantiate {:.2f} "
+             "ms in total ({:.2f} ms wall in the capturing steps)\n",
+             stats.total_captures, stats.distinct_graphs, stats.buckets, stats.capture_ms, stats.instantiate_ms,
+             capture_wall_ms);
+  if (cfg.policy == dg::KernelPolicy::kMeasured)
+    fmt::print(out, "measuring (kMeasured): {} buckets, {} candidate graphs timed, {:.2f} ms\n",
+               stats.measured_buckets, stats.candidate_graphs, stats.measure_ms);
+  fmt::print(out, "{}", dgbench::format_table(ctable));
+  fmt::print(out, "memory: static buffers {}, V2 workspace {}, graphs {}, total {}{}\n",
+             dgbench::format_bytes(static_cast<double>(mem.static_buffers)),
+             dgbench::format_bytes(static_cast<double>(mem.workspace)),
+             dgbench::format_bytes(static_cast<double>(mem.graphs)), dgbench::format_bytes(static_cast<double>(mem.total())),
+             gpu ? "" : " (host memory; graphs: n/a on host)");
+  fmt::print(out, "steps: {} replayed ({} V1, {} V2), {} rejected\n", stats.steps, stats.replays(dg::KernelKind::kV1),
+             stats.replays(dg::KernelKind::kV2), stats.rejected_steps);
 
   int bitwise_steps = 0;
   double max_diff = 0;
@@ -857,79 +1123,127 @@ int run(int argc, char** argv) {
     max_diff = std::max(max_diff, r.max_abs_diff);
   }
   if (opt.check) {
-    std::fprintf(out, "check: eager vs graph over %zu steps x %d layers: %d steps bitwise equal, max |diff| %.3g (%s)\n",
-                 recs.size(), opt.layers, bitwise_steps, max_diff,
-                 gpu ? "bitwise equality required" : strf("tolerance atol %.0e rtol %.0e", tol.atol, tol.rtol).c_str());
+    fmt::print(out, "check: eager vs graph over {} steps x {} layers: {} steps bitwise equal, max |diff| {:.3g} ({})\n",
+               recs.size(), opt.layers, bitwise_steps, max_diff,
+               gpu ? "bitwise equality required" : fmt::format("tolerance atol {:.0e} rtol {:.0e}", tol.atol, tol.rtol));
     if (!gpu)
-      std::fprintf(out, "check: graph vs float64 reference (layer 0) at %d steps: max |err| %.3g (%s)\n", ref_checks,
-                   ref_max_err, ref_failed ? "OUT OF TOLERANCE" : "within tolerance");
+      fmt::print(out, "check: graph vs float64 reference (layer 0) at {} steps: max |err| {:.3g} ({})\n", ref_checks,
+                 ref_max_err, ref_failed ? "OUT OF TOLERANCE" : "within tolerance");
   } else {
-    std::fprintf(out, "check: skipped (--no-check)\n");
+    fmt::print(out, "check: skipped (--no-check)\n");
   }
-  std::fprintf(out, "wall time of the loop: %.1f s\n", run_s);
+  fmt::print(out, "wall time of the loop: {:.1f} s\n", run_s);
 
   if (!opt.json_path.empty()) {
-    std::ofstream js(opt.json_path);
-    if (!js) usage_error("--json: cannot write '" + opt.json_path + "'");
-    js << "{\n  \"program\": \"decode_loop\",\n  \"version\": " << json_str(dg::version()) << ",\n";
-    js << "  \"backend\": " << json_str(dg::to_string(backend)) << ",\n  \"device\": " << json_str(device_name)
-       << ",\n  \"timing\": " << json_str(gpu ? "gpu-wallclock" : "cpu-host-backend") << ",\n";
-    js << "  \"read_bandwidth_gbs\": " << (gpu ? json_num(rbw.median_gbs) : "null") << ",\n";
-    js << "  \"config\": {\"preset\": " << json_str(opt.preset) << ", \"q_heads\": " << spec.num_q_heads
-       << ", \"kv_heads\": " << spec.num_kv_heads << ", \"head_size\": " << spec.head_size
-       << ", \"block_size\": " << spec.block_size << ", \"dtype\": " << json_str(dg::to_string(spec.dtype))
-       << ", \"layout\": " << json_str(dg::to_string(spec.layout)) << ", \"batch\": " << opt.batch
-       << ", \"layers\": " << opt.layers << ", \"steps\": " << opt.steps
-       << ", \"start_lens\": " << json_str(opt.start_lens) << ", \"max_seq_len\": " << opt.max_seq_len
-       << ", \"threshold\": " << opt.threshold << ", \"partition\": " << json_str(opt.partition)
-       << ", \"seed\": " << opt.seed << "},\n";
-    js << "  \"defaults_used\": [";
-    for (std::size_t i = 0; i < defaults_used.size(); ++i) js << (i ? ", " : "") << json_str(defaults_used[i]);
-    js << "],\n  \"plan_table\": " << json_str(ex.plan_table()) << ",\n  \"bands\": [\n";
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const auto& b = rows[i];
-      js << "    {\"band\": " << b.band << ", \"band_lo\": " << b.band_lo << ", \"band_hi\": " << b.band_hi
-         << ", \"kernel\": " << json_str(dg::to_string(b.kernel)) << ", \"partition_size\": " << b.partition_size
-         << ", \"steps\": " << b.steps << ", \"timed_steps\": " << b.timed_steps
-         << ", \"eager_p50_us\": " << json_num(b.eager_p50) << ", \"eager_p99_us\": " << json_num(b.eager_p99)
-         << ", \"graph_p50_us\": " << (b.timed_steps ? json_num(b.graph_p50) : "null")
-         << ", \"graph_p99_us\": " << (b.timed_steps ? json_num(b.graph_p99) : "null")
-         << ", \"speedup\": " << (b.timed_steps ? json_num(b.speedup) : "null")
-         << ", \"bytes_per_step\": " << json_num(b.bytes_per_step) << ", \"gbs\": " << json_num(b.gbs)
-         << ", \"pct_read_bw\": " << (b.pct_read_bw >= 0 ? json_num(b.pct_read_bw) : "null")
-         << ", \"max_abs_diff\": " << json_num(b.max_abs_diff) << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+    json j;
+    j["program"] = "decode_loop";
+    j["version"] = dg::version();
+    j["backend"] = dg::to_string(backend);
+    j["device"] = device_name;
+    j["timing"] = gpu ? "gpu-wallclock" : "cpu-host-backend";
+    j["read_bandwidth_gbs"] = num_or_null(rbw.median_gbs, gpu);
+    j["config"] = {{"preset", opt.preset},
+                   {"q_heads", spec.num_q_heads},
+                   {"kv_heads", spec.num_kv_heads},
+                   {"head_size", spec.head_size},
+                   {"block_size", spec.block_size},
+                   {"dtype", dg::to_string(spec.dtype)},
+                   {"layout", dg::to_string(spec.layout)},
+                   {"batch", opt.batch},
+                   {"layers", opt.layers},
+                   {"steps", opt.steps},
+                   {"start_lens", opt.start_lens},
+                   {"max_seq_len", opt.max_seq_len},
+                   {"threshold", opt.threshold},
+                   {"partition", opt.partition},
+                   {"policy", opt.policy},
+                   {"device_model", opt.device_model},
+                   {"seed", opt.seed}};
+    j["defaults_used"] = defaults_used;
+    j["policy"] = opt.policy;
+    j["device_model"] = device_model_json(
+        model, model_from);
+    j["plans"] = plans_json(ex.plans());
+    j["policies"] = policies_json(policy_rows);
+    json& jb = j["bands"] = json::array();
+    for (const auto& b : rows) {
+      const bool timed = b.timed_steps > 0;
+      jb.push_back({{"band", b.band},
+                    {"band_lo", b.band_lo},
+                    {"band_hi", b.band_hi},
+                    {"kernel", dg::to_string(b.kernel)},
+                    {"partition_size", b.partition_size},
+                    {"steps", b.steps},
+                    {"timed_steps", b.timed_steps},
+                    {"eager_p50_us", num_or_null(b.eager_p50)},
+                    {"eager_p99_us", num_or_null(b.eager_p99)},
+                    {"graph_p50_us", num_or_null(b.graph_p50, timed)},
+                    {"graph_p99_us", num_or_null(b.graph_p99, timed)},
+                    {"speedup", num_or_null(b.speedup, timed)},
+                    {"bytes_per_step", num_or_null(b.bytes_per_step)},
+                    {"gbs", num_or_null(b.gbs)},
+                    {"pct_read_bw", num_or_null(b.pct_read_bw, b.pct_read_bw >= 0)},
+                    {"max_abs_diff", num_or_null(b.max_abs_diff)}});
     }
-    js << "  ],\n  \"captures\": {\"total\": " << stats.total_captures << ", \"capture_ms\": " << json_num(cap_ms)
-       << ", \"instantiate_ms\": " << json_num(inst_ms) << ", \"graphs\": [";
-    for (std::size_t i = 0; i < stats.graphs.size(); ++i) {
-      const auto& g = stats.graphs[i];
-      js << (i ? ", " : "") << "{\"batch\": " << g.batch << ", \"band\": " << g.band << ", \"captures\": " << g.captures
-         << ", \"replays\": " << g.replays << ", \"nodes\": " << g.nodes << ", \"capture_ms\": " << json_num(g.capture_ms)
-         << ", \"instantiate_ms\": " << json_num(g.instantiate_ms) << "}";
-    }
-    js << "]},\n  \"memory\": {\"static_buffers\": " << mem.static_buffers << ", \"workspace\": " << mem.workspace
-       << ", \"graphs\": " << mem.graphs << ", \"total\": " << mem.total() << "},\n";
-    js << "  \"check\": {\"enabled\": " << (opt.check ? "true" : "false") << ", \"mismatch_steps\": " << mismatch_steps
-       << ", \"bitwise_equal_steps\": " << bitwise_steps << ", \"max_abs_diff\": " << json_num(max_diff)
-       << ", \"reference_checks\": " << ref_checks << ", \"reference_max_err\": " << json_num(ref_max_err) << "},\n";
-    js << "  \"wall_s\": " << json_num(run_s) << ",\n  \"steps\": [\n";
-    for (std::size_t i = 0; i < recs.size(); ++i) {
-      const auto& r = recs[i];
-      js << "    {\"segment\": " << r.segment << ", \"step\": " << r.step << ", \"band\": " << r.band
-         << ", \"kernel\": " << json_str(dg::to_string(r.kernel)) << ", \"partition_size\": " << r.partition_size
-         << ", \"captured\": " << (r.captured ? "true" : "false") << ", \"max_len\": " << r.max_len
-         << ", \"bytes\": " << json_num(r.bytes) << ", \"eager_us\": " << json_num(r.eager_us)
-         << ", \"graph_us\": " << json_num(r.graph_us) << "}" << (i + 1 < recs.size() ? "," : "") << "\n";
-    }
-    js << "  ]\n}\n";
-    if (!js) usage_error("--json: writing '" + opt.json_path + "' failed");
-    std::fprintf(out, "json: %s\n", opt.json_path.c_str());
+    json jg = json::array();
+    for (const auto& g : stats.graphs)
+      jg.push_back({{"graph_id", g.graph_id},
+                    {"batch", g.batch},
+                    {"band", g.band},
+                    {"last_band", g.last_band},
+                    {"band_lo", g.band_lo},
+                    {"band_hi", g.band_hi},
+                    {"buckets", g.buckets},
+                    {"kernel", dg::to_string(g.kernel)},
+                    {"partition_size", g.partition_size},
+                    {"captures", g.captures},
+                    {"replays", g.replays},
+                    {"nodes", g.nodes},
+                    {"capture_ms", g.capture_ms},
+                    {"instantiate_ms", g.instantiate_ms},
+                    {"measure_ms", g.measure_ms}});
+    j["captures"] = {{"total", stats.total_captures},
+                     {"buckets", stats.buckets},
+                     {"distinct_graphs", stats.distinct_graphs},
+                     {"capture_ms", stats.capture_ms},
+                     {"instantiate_ms", stats.instantiate_ms},
+                     {"measure_ms", stats.measure_ms},
+                     {"measured_buckets", stats.measured_buckets},
+                     {"candidate_graphs", stats.candidate_graphs},
+                     {"graphs", jg}};
+    j["memory"] = {{"static_buffers", mem.static_buffers},
+                   {"workspace", mem.workspace},
+                   {"graphs", mem.graphs},
+                   {"total", mem.total()}};
+    j["check"] = {{"enabled", opt.check},
+                  {"mismatch_steps", mismatch_steps},
+                  {"bitwise_equal_steps", bitwise_steps},
+                  {"max_abs_diff", num_or_null(max_diff)},
+                  {"reference_checks", ref_checks},
+                  {"reference_max_err", num_or_null(ref_max_err)}};
+    j["wall_s"] = run_s;
+    json& js = j["steps"] = json::array();
+    for (const auto& r : recs)
+      js.push_back({{"segment", r.segment},
+                    {"step", r.step},
+                    {"band", r.band},
+                    {"kernel", dg::to_string(r.kernel)},
+                    {"partition_size", r.partition_size},
+                    {"captured", r.captured},
+                    {"measured", r.measured},
+                    {"graph_id", r.graph_id},
+                    {"max_len", r.max_len},
+                    {"bytes", num_or_null(r.bytes)},
+                    {"eager_us", num_or_null(r.eager_us)},
+                    {"graph_us", num_or_null(r.graph_us)}});
+    write_json(opt.json_path, j);
+    fmt::print(out, "json: {}\n", opt.json_path);
   }
 
   if (mismatch_steps > 0 || ref_failed) {
-    std::fprintf(stderr, "\nFAILED: %ld layer-steps where eager and graph outputs disagree%s\n", mismatch_steps,
-                 ref_failed ? "; graph output out of tolerance against the float64 reference" : "");
-    for (const auto& m : mismatches) std::fprintf(stderr, "  %s\n", m.c_str());
+    fmt::print(stderr, "\nFAILED: {} layer-steps where eager and graph outputs disagree{}\n", mismatch_steps,
+               ref_failed ? "; graph output out of tolerance against the float64 reference" : "");
+    for (const auto& m : mismatches) fmt::print(stderr, "  {}\n", m);
     return 1;
   }
   return 0;
@@ -940,11 +1254,14 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "decode_loop: {}\n(run decode_loop --help for the options)\n", e.what());
+    return 2;
   } catch (const dg::Error& e) {
-    std::fprintf(stderr, "decode_loop: %s\n", e.what());
+    fmt::print(stderr, "decode_loop: {}\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "decode_loop: unexpected error: %s\n", e.what());
+    fmt::print(stderr, "decode_loop: unexpected error: {}\n", e.what());
     return 2;
   }
 }

@@ -6,7 +6,8 @@ usage: /usr/bin/python3 bench/plot_decode_loop.py RUN.json [OUT.png]
 Left:  p50 latency per length band, eager against graph replay (bars; whiskers reach p99), with the
        kernel (V1 / V2 and its partition size) written under each band.
 Right: per-step latency over the run, eager and graph, coloured by kernel (V1 / V2), so the swap at
-       the threshold shows as a change of colour; steps that captured a graph are marked.
+       the threshold shows as a change of colour; steps that captured a graph (or, under --policy
+       measured, timed the bucket's candidates) are marked.
 Needs Debian's python3-matplotlib (run with /usr/bin/python3).
 """
 import json
@@ -26,6 +27,9 @@ def main(argv):
     dst = argv[2] if len(argv) > 2 else (src[:-5] if src.endswith(".json") else src) + ".png"
     with open(src) as f:
         run = json.load(f)
+    if run.get("mode") == "plan-only":
+        print("%s holds plans only (decode_loop --plan-only): nothing to plot" % src)
+        return 2
 
     cfg = run["config"]
     bands = run["bands"]
@@ -35,9 +39,9 @@ def main(argv):
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [1, 1.3]})
     fig.suptitle(
-        "decode_loop: %s (%dq/%dkv, d%d, %s), batch %d, %d layers (%s)"
+        "decode_loop: %s (%dq/%dkv, d%d, %s), batch %d, %d layers, policy %s (%s)"
         % (cfg["preset"], cfg["q_heads"], cfg["kv_heads"], cfg["head_size"], cfg["dtype"], cfg["batch"],
-           cfg["layers"], timing),
+           cfg["layers"], cfg.get("policy", "threshold"), timing),
         fontsize=11)
 
     # ---- left: per band, eager vs graph
@@ -82,10 +86,10 @@ def main(argv):
                     label="eager %s" % kind.upper())
         ax2.scatter(sel, [steps[i]["graph_us"] for i in sel], s=12, marker="o", color=colors[kind],
                     facecolors="none", label="graph %s" % kind.upper())
-    cap = [i for i in idx if steps[i]["captured"]]
+    cap = [i for i in idx if steps[i]["captured"] or steps[i].get("measured")]
     if cap:
         ax2.scatter(cap, [steps[i]["graph_us"] for i in cap], s=60, marker="*", color="red",
-                    label="graph step that captured")
+                    label="graph step that captured (or measured)")
     for i in idx[1:]:
         if steps[i]["segment"] != steps[i - 1]["segment"]:
             ax2.axvline(i - 0.5, color="grey", lw=0.8, ls="--")

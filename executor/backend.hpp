@@ -30,8 +30,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual BackendKind kind() const = 0;
   virtual Stream stream() const = 0;
-  /// SMs of the device (host backend: 132, an H200).
-  virtual int num_sms() const = 0;
+  /// The device model for `spec` (called once, at construction, outside any capture): CUDA queries
+  /// the SM count and the pass-1 kernel's occupancy; the host backend models an H200.
+  virtual DeviceModel device_model(const AttentionSpec& spec) const = 0;
 
   // ------------------------------------------------------------ memory (site kAlloc / kMemcpy)
   /// Zero-initialised executor memory (device on CUDA, host on the host backend), 256-byte aligned.
@@ -65,6 +66,9 @@ class Backend {
   /// fresh instantiation (kGraphUpdate). Consumes the pending capture.
   virtual void end_capture_and_update(BackendGraph& exec) = 0;
   virtual void launch(BackendGraph& g) = 0;  // kGraphLaunch
+  /// Launches `g` once to warm up, then `replays` times, and returns the microseconds per replay
+  /// (CUDA: events on the executor stream; host: the wall clock). Refused during a capture.
+  virtual double time_replays(BackendGraph& g, int replays) = 0;
 
   // ------------------------------------------------------------ ops (recorded while capturing)
   virtual void attention_v1(const DecodeArgs& args) = 0;

@@ -1,6 +1,8 @@
-// The decode-step executor: configuration -> plans -> static buffers -> per-bucket graphs, and
-// step(): validate, pick the bucket, stage the inputs into the static buffers, replay (capturing
-// first when lazy). Backend-neutral; the backends live in host_backend.cpp and cuda/.
+// The decode-step executor: configuration -> plans -> static buffers -> graphs, and step():
+// validate, pick the bucket, stage the inputs into the static buffers, replay the bucket's graph
+// (measuring its candidates first under kMeasured, capturing first when lazy). Buckets whose launches
+// are identical share one graph (one GraphSlot). Backend-neutral; the backends live in
+// host_backend.cpp and cuda/.
 //
 // NOTE(graph): every pointer a captured op reads (seq_lens, block_tables, slot_mapping, q/out/new
 // K/V, workspace, alibi) is allocated once here and never moves; what changes between steps is
@@ -15,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -79,6 +82,15 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/// Ends an abandoned capture when the code being captured throws; disarm once it is ended normally.
+struct AbortCapture {
+  Backend* b;
+  bool armed = true;
+  ~AbortCapture() {
+    if (armed) b->abort_capture();
+  }
+};
+
 std::string mib(std::size_t bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
@@ -102,7 +114,7 @@ struct Executor::Impl {
   std::shared_ptr<spdlog::logger> log;
   ExecutorConfig cfg;
   StepBody body;
-  std::vector<BucketPlan> plans;
+  std::vector<BucketPlan> plans;  // bucket-major: bucket * num_bands + band
   int num_bands = 0;
   std::vector<int> bucket_of_batch;  // [max_batch + 1]: batch bucket index for each num_seqs
 
@@ -127,6 +139,7 @@ struct Executor::Impl {
   float* alibi = nullptr;           // [num_q_heads] or null
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  void* measure_out = nullptr;  // kMeasured: [max_batch, num_q_heads, head_size], candidates write here
   std::vector<LayerBuffers> layers;  // resolved: caller or owned buffers
 
   // Host staging mirrors (pinned on CUDA) and scratch for validating device-resident inputs.
@@ -136,12 +149,20 @@ struct Executor::Impl {
   std::vector<int32_t> seq_scratch, bt_scratch;
   std::vector<int64_t> slot_scratch;
 
-  std::vector<std::unique_ptr<BackendGraph>> graphs;  // per plan; null until captured
-  std::vector<GraphStats> graph_stats;                // per plan
-  // Per plan: bytes of a graph the memory budget rejected, 0 if none (see check_graph_budget).
-  std::vector<std::size_t> rejected_graph_bytes;
+  /// One distinct launch sequence: the graph every bucket with that plan replays.
+  struct GraphSlot {
+    BucketPlan plan;  // the launch plan; band fields span its buckets (StepContext::plan)
+    std::vector<std::size_t> buckets;
+    std::unique_ptr<BackendGraph> graph;  // null until captured
+    GraphStats stats;
+    std::size_t rejected_bytes = 0;  // bytes of a graph the memory budget rejected, 0 if none
+  };
+  std::vector<GraphSlot> slots;
+  std::map<detail::LaunchKey, int> slot_of_launch;
   long long steps = 0, rejected = 0;
   int total_captures = 0;
+  int measured_buckets = 0, candidate_graphs = 0;
+  double measure_ms = 0;
   std::size_t static_bytes = 0;
 
   std::size_t q_bytes() const {
@@ -166,8 +187,8 @@ struct Executor::Impl {
   }
   std::size_t graph_bytes() const {
     std::size_t n = 0;
-    for (const auto& g : graphs)
-      if (g) n += g->bytes();
+    for (const GraphSlot& g : slots)
+      if (g.graph) n += g.graph->bytes();
     return n;
   }
   void check_layer(int layer) const {
@@ -177,8 +198,12 @@ struct Executor::Impl {
 
   int validate(const StepInputs& in);
   void stage(const StepInputs& in, const BucketPlan& plan, int max_len);
+  void stage_synthetic(const BucketPlan& plan);
+  void join(std::size_t idx);
+  void measure(std::size_t idx);
   void capture(std::size_t idx);
   void check_graph_budget(std::size_t idx, std::size_t bytes) const;
+  void attention(const BucketPlan& plan, int layer, const void* q, void* out);
 };
 
 // ---------------------------------------------------------------- StepContext
@@ -220,24 +245,28 @@ void StepContext::attention(int layer, const void* q, void* out) {
   ex.check_layer(layer);
   require(q != nullptr, "q", "null", "a query buffer [max_batch, num_q_heads, head_size]");
   require(out != nullptr, "out", "null", "an output buffer [max_batch, num_q_heads, head_size]");
-  const BucketPlan& p = *impl_->plan;
+  ex.attention(*impl_->plan, layer, q, out);
+}
+
+// One layer's attention as `p` launches it (a graph's plan, or a kMeasured candidate).
+void Executor::Impl::attention(const BucketPlan& p, int layer, const void* q, void* out) {
   DecodeArgs a;
-  a.spec = ex.cfg.spec;
-  a.num_seqs = p.batch;      // NOTE(graph): the bucket's padded batch, padded rows have length 0
-  a.max_seq_len = p.band_hi;  // NOTE(graph): the band's upper edge sizes the grid
-  a.block_table_stride = ex.cfg.max_blocks_per_seq;
-  a.num_blocks = ex.cfg.num_blocks;
+  a.spec = cfg.spec;
+  a.num_seqs = p.batch;          // NOTE(graph): the bucket's padded batch, padded rows have length 0
+  a.max_seq_len = p.launch_len;  // NOTE(graph): sizes the grid; >= band_hi of every bucket replaying it
+  a.block_table_stride = cfg.max_blocks_per_seq;
+  a.num_blocks = cfg.num_blocks;
   a.q = q;
   a.out = out;
-  a.k_cache = ex.layers[layer].k_cache;
-  a.v_cache = ex.layers[layer].v_cache;
-  a.block_tables = ex.block_tables;
-  a.seq_lens = ex.seq_lens;
-  a.alibi_slopes = ex.alibi;
+  a.k_cache = layers[layer].k_cache;
+  a.v_cache = layers[layer].v_cache;
+  a.block_tables = block_tables;
+  a.seq_lens = seq_lens;
+  a.alibi_slopes = alibi;
   if (p.kernel == KernelKind::kV1)
-    ex.backend->attention_v1(a);
+    backend->attention_v1(a);
   else
-    ex.backend->attention_v2(a, p.partition_size, ex.workspace, ex.workspace_bytes);
+    backend->attention_v2(a, p.partition_size, workspace, workspace_bytes);
 }
 
 void StepContext::enqueue_host(std::function<void()> fn) {
@@ -280,7 +309,9 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
     throw_invalid("backend", static_cast<int>(config.backend), "auto, cuda or host");
   }
 
-  m.cfg = detail::resolve_config(std::move(config), m.backend->num_sms());
+  // The device model is queried here, once, outside any capture.
+  m.cfg = detail::resolve_config(std::move(config),
+                                 [&](const AttentionSpec& spec) { return m.backend->device_model(spec); });
   m.cfg.backend = kind;
   m.body = std::move(body);
   m.plans = detail::make_plans(m.cfg);
@@ -290,7 +321,16 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
     while (m.cfg.batch_buckets[b] < n) ++b;
     m.bucket_of_batch[n] = b;
   }
-  for (const BucketPlan& p : m.plans) m.workspace_bytes = std::max(m.workspace_bytes, p.workspace_bytes);
+  for (std::size_t i = 0; i < m.plans.size(); ++i)
+    if (m.plans[i].graph_id >= 0) m.join(i);  // kMeasured joins a bucket once it is measured
+  // One workspace for every plan, and every candidate kMeasured may time.
+  for (const BucketPlan& p : m.plans) {
+    m.workspace_bytes = std::max(m.workspace_bytes, p.workspace_bytes);
+    for (const PlanCandidate& cand : p.candidates)
+      if (cand.kernel == KernelKind::kV2)
+        m.workspace_bytes =
+            std::max(m.workspace_bytes, v2_workspace_size(m.cfg.spec, p.batch, p.band_hi, cand.partition_size));
+  }
 
   // Memory: sizes first, so the budget is checked before anything is allocated.
   const ExecutorConfig& c = m.cfg;
@@ -304,7 +344,8 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
     layer_bytes += (lb.q ? 0 : m.q_bytes()) + (lb.out ? 0 : m.q_bytes());
     layer_bytes += (lb.new_key ? 0 : m.kv_token_bytes()) + (lb.new_value ? 0 : m.kv_token_bytes());
   }
-  m.static_bytes = seq_bytes + bt_bytes + slot_bytes + alibi_bytes + layer_bytes;
+  const std::size_t measure_bytes = c.policy == KernelPolicy::kMeasured ? m.q_bytes() : 0;
+  m.static_bytes = seq_bytes + bt_bytes + slot_bytes + alibi_bytes + layer_bytes + measure_bytes;
   const std::size_t needed = m.static_bytes + m.workspace_bytes;
   if (c.memory_budget_bytes != 0 && needed > c.memory_budget_bytes)
     throw_invalid("memory_budget_bytes", c.memory_budget_bytes,
@@ -317,6 +358,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.block_tables = static_cast<int32_t*>(m.alloc(bt_bytes));
   m.slot_mapping = static_cast<int64_t*>(m.alloc(slot_bytes));
   if (m.workspace_bytes) m.workspace = m.alloc(m.workspace_bytes);
+  if (measure_bytes) m.measure_out = m.alloc(measure_bytes);
   if (alibi_bytes) {
     m.alibi = static_cast<float*>(m.alloc(alibi_bytes));
     m.backend->upload(m.alibi, c.alibi_slopes.data(), alibi_bytes);
@@ -333,19 +375,13 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.slot_mapping_h = static_cast<int64_t*>(m.alloc_host(slot_bytes));
   m.seq_scratch.resize(mb);
   m.slot_scratch.resize(mb);
-  m.graphs.resize(m.plans.size());
-  m.graph_stats.resize(m.plans.size());
-  m.rejected_graph_bytes.resize(m.plans.size());
-  for (std::size_t i = 0; i < m.plans.size(); ++i) {
-    m.graph_stats[i].batch = m.plans[i].batch;
-    m.graph_stats[i].band = m.plans[i].band;
-    m.graph_stats[i].kernel = m.plans[i].kernel;
-  }
 
   m.log->info("executor: backend {}, {} layers, max_batch {}, max_seq_len {}, {} buckets x {} bands, "
-              "capture {}, memory {} (static {}, workspace {})",
+              "policy {}, device model {} SMs x {} blocks, {} distinct graphs, capture {}, memory {} "
+              "(static {}, workspace {})",
               to_string(kind), c.num_layers, c.max_batch, c.max_seq_len, c.batch_buckets.size(),
-              m.num_bands, to_string(c.capture), mib(needed), mib(m.static_bytes),
+              m.num_bands, to_string(c.policy), c.device_model.num_sms, c.device_model.blocks_per_sm,
+              m.slots.size(), to_string(c.capture), mib(needed), mib(m.static_bytes),
               mib(m.workspace_bytes));
   if (m.log->should_log(spdlog::level::debug)) m.log->debug("plans:\n{}", format_plan_table(m.plans));
 
@@ -460,21 +496,98 @@ void Executor::Impl::stage(const StepInputs& in, const BucketPlan& plan, int max
   backend->staging_done();
 }
 
-// Captures and instantiates the graph of plan `idx`. On any exception the capture is ended and
-// discarded (no partial graph), and the plan stays uncaptured.
+// Fills the staged buffers with a step of plan.batch sequences in the middle of the plan's band,
+// each over valid block ids, and no slots: what kMeasured times under CapturePolicy::kUpFront, when
+// no step has been staged yet. Only executor buffers change; the next step stages over them.
+void Executor::Impl::stage_synthetic(const BucketPlan& plan) {
+  const int len = plan.band_lo + (plan.band_hi - plan.band_lo + 1) / 2;
+  const int cols = (len + cfg.spec.block_size - 1) / cfg.spec.block_size;
+  std::vector<int32_t> lens(plan.batch, len), tables(static_cast<std::size_t>(plan.batch) * cols);
+  for (std::size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i % cfg.num_blocks);
+  StepInputs in;
+  in.num_seqs = plan.batch;
+  in.seq_lens = lens.data();
+  in.block_tables = tables.data();
+  in.block_table_stride = cols;
+  stage(in, plan, len);
+}
+
+// Assigns bucket `idx` to the graph of its launch, making a new one the first time a launch is seen.
+// Band fields of the graph's plan span its buckets (StepContext::plan).
+void Executor::Impl::join(std::size_t idx) {
+  BucketPlan& p = plans[idx];
+  const auto [it, fresh] = slot_of_launch.emplace(detail::launch_key(p), static_cast<int>(slots.size()));
+  if (fresh) {
+    GraphSlot g;
+    g.plan = p;
+    g.plan.graph_id = it->second;
+    g.plan.candidates.clear();
+    g.stats.graph_id = it->second;
+    g.stats.batch = p.batch;
+    g.stats.band = g.stats.last_band = p.band;
+    g.stats.kernel = p.kernel;
+    g.stats.partition_size = p.partition_size;
+    slots.push_back(std::move(g));
+  }
+  GraphSlot& g = slots[it->second];
+  g.buckets.push_back(idx);
+  g.plan.band = std::min(g.plan.band, p.band);
+  g.plan.band_lo = std::min(g.plan.band_lo, p.band_lo);
+  g.plan.band_hi = std::max(g.plan.band_hi, p.band_hi);
+  g.stats.band = g.plan.band;
+  g.stats.last_band = std::max(g.stats.last_band, p.band);
+  g.stats.buckets = static_cast<int>(g.buckets.size());
+  p.graph_id = it->second;
+}
+
+// kMeasured: captures a graph of every layer's attention for each candidate of bucket `idx` (no KV
+// append, no step body: nothing but executor memory is written, the output going to measure_out),
+// replays it on the staged inputs (one warm-up, then measure_replays timed replays), keeps the fastest
+// and joins the bucket to its graph. Runs outside any capture, before the bucket's real graph is
+// captured; bounded by 4 candidates x (1 + measure_replays) replays. On any exception the bucket
+// stays unmeasured (the candidate graphs are discarded) and the next step measures it again.
+void Executor::Impl::measure(std::size_t idx) {
+  detail::NvtxRange range("decodegraph::measure");
+  const auto t0 = std::chrono::steady_clock::now();
+  BucketPlan& plan = plans[idx];
+  std::vector<PlanCandidate> cands = plan.candidates;
+  std::size_t best = 0;
+  for (std::size_t k = 0; k < cands.size(); ++k) {
+    BucketPlan trial = plan;
+    detail::set_launch(trial, cfg, cands[k].kernel, cands[k].partition_size);
+    backend->begin_capture();
+    AbortCapture abort{backend.get()};
+    for (int l = 0; l < cfg.num_layers; ++l) attention(trial, l, layers[l].q, measure_out);
+    abort.armed = false;
+    std::unique_ptr<BackendGraph> g = backend->end_capture_and_instantiate();
+    ++candidate_graphs;
+    const double us = backend->time_replays(*g, cfg.measure_replays);
+    cands[k].us = cfg.measure_clock ? cfg.measure_clock(plan, cands[k]) : us;
+    if (cands[k].us < cands[best].us) best = k;  // ties keep the earlier: V1, then kAuto's P
+  }
+  detail::set_launch(plan, cfg, cands[best].kernel, cands[best].partition_size);
+  plan.candidates = std::move(cands);
+  plan.reason = PlanReason::kMeasuredFastest;
+  join(idx);
+  const double ms = ms_since(t0);
+  slots[plan.graph_id].stats.measure_ms += ms;
+  measure_ms += ms;
+  ++measured_buckets;
+  log->info("measured bucket batch {} band {} ({},{}] in {:.3f} ms: {}", plan.batch, plan.band, plan.band_lo,
+            plan.band_hi, ms, describe_reason(plan));
+}
+
+// Captures and instantiates the graph that bucket `idx` replays (shared with every bucket of the
+// same launch). On any exception the capture is ended and discarded (no partial graph), and the
+// graph stays uncaptured.
 void Executor::Impl::capture(std::size_t idx) {
-  if (rejected_graph_bytes[idx] != 0) check_graph_budget(idx, rejected_graph_bytes[idx]);  // throws
+  GraphSlot& slot = slots[plans[idx].graph_id];
+  if (slot.rejected_bytes != 0) check_graph_budget(idx, slot.rejected_bytes);  // throws
   detail::NvtxRange range("decodegraph::capture");
-  const BucketPlan& plan = plans[idx];
+  const BucketPlan& plan = slot.plan;
   const auto t0 = std::chrono::steady_clock::now();
   backend->begin_capture();
-  struct Abort {  // ends an abandoned capture when the body throws
-    Backend* b;
-    bool armed = true;
-    ~Abort() {
-      if (armed) b->abort_capture();
-    }
-  } abort{backend.get()};
+  AbortCapture abort{backend.get()};
   StepContext::Impl ctx_impl{this, &plan};
   StepContext ctx(&ctx_impl);
   if (body) {
@@ -493,20 +606,21 @@ void Executor::Impl::capture(std::size_t idx) {
   try {
     check_graph_budget(idx, g->bytes());
   } catch (const Error&) {
-    rejected_graph_bytes[idx] = g->bytes();
+    slot.rejected_bytes = g->bytes();
     throw;
   }
-  GraphStats& s = graph_stats[idx];
+  GraphStats& s = slot.stats;
   s.captures += 1;
   s.nodes = g->nodes();
+  s.bytes = g->bytes();
   s.capture_ms = capture_ms;
   s.instantiate_ms = inst_ms;
-  graphs[idx] = std::move(g);
+  slot.graph = std::move(g);
   ++total_captures;
-  log->info("captured bucket batch {} band {} ({},{}] {}: {} nodes, capture {:.3f} ms, instantiate "
-            "{:.3f} ms, graph memory {}",
-            plan.batch, plan.band, plan.band_lo, plan.band_hi, to_string(plan.kernel), s.nodes,
-            capture_ms, inst_ms, mib(graphs[idx]->bytes()));
+  log->info("captured graph {} for batch {} lengths ({},{}] {} ({} buckets): {} nodes, capture {:.3f} ms, "
+            "instantiate {:.3f} ms, graph memory {}",
+            s.graph_id, plan.batch, plan.band_lo, plan.band_hi, to_string(plan.kernel), slot.buckets.size(),
+            s.nodes, capture_ms, inst_ms, mib(s.bytes));
 }
 
 // Static buffers and workspace are checked against memory_budget_bytes at construction; graph
@@ -522,7 +636,7 @@ void Executor::Impl::check_graph_budget(std::size_t idx, std::size_t bytes) cons
     throw_invalid("memory_budget_bytes", cfg.memory_budget_bytes,
                   ">= " + std::to_string(total) + " bytes to hold the graph of bucket (batch " +
                       std::to_string(plans[idx].batch) + ", band " + std::to_string(plans[idx].band) +
-                      "), or 0 for unlimited");
+                      ", graph " + std::to_string(plans[idx].graph_id) + "), or 0 for unlimited");
 }
 
 StepResult Executor::step(const StepInputs& inputs) {
@@ -537,32 +651,45 @@ StepResult Executor::step(const StepInputs& inputs) {
     const std::size_t idx = static_cast<std::size_t>(bucket) * m.num_bands + band;
     const BucketPlan& plan = m.plans[idx];
     m.stage(inputs, plan, max_len);
-    if (!m.graphs[idx]) {
+    if (plan.graph_id < 0) {  // kMeasured: time the candidates on this step's staged inputs
+      m.measure(idx);
+      r.measured = true;
+    }
+    Impl::GraphSlot& slot = m.slots[plan.graph_id];
+    if (!slot.graph) {
       m.capture(idx);
       r.captured = true;
     }
-    m.backend->launch(*m.graphs[idx]);
-    ++m.graph_stats[idx].replays;
-    r.batch_bucket = plan.batch;
+    m.backend->launch(*slot.graph);
+    ++slot.stats.replays;
+    r.bucket = BucketIndex(bucket);
+    r.bucket_batch_size = plan.batch;
     r.band = plan.band;
     r.band_hi = plan.band_hi;
     r.kernel = plan.kernel;
     r.partition_size = plan.partition_size;
+    r.graph_id = plan.graph_id;
   } catch (...) {
     ++m.rejected;
     throw;
   }
   ++m.steps;
   if (m.log->should_log(spdlog::level::trace))
-    m.log->trace("step {}: num_seqs {} -> batch {} band {} ({}){}", m.steps, inputs.num_seqs,
-                 r.batch_bucket, r.band, to_string(r.kernel), r.captured ? ", captured" : "");
+    m.log->trace("step {}: num_seqs {} -> batch {} band {} ({}, graph {}){}{}", m.steps, inputs.num_seqs,
+                 r.bucket_batch_size, r.band, to_string(r.kernel), r.graph_id, r.measured ? ", measured" : "",
+                 r.captured ? ", captured" : "");
   return r;
 }
 
 void Executor::capture_all() {
   Impl& m = *impl_;
-  for (std::size_t i = 0; i < m.plans.size(); ++i)
-    if (!m.graphs[i]) m.capture(i);
+  for (std::size_t i = 0; i < m.plans.size(); ++i) {
+    if (m.plans[i].graph_id < 0) {
+      m.stage_synthetic(m.plans[i]);
+      m.measure(i);
+    }
+    if (!m.slots[m.plans[i].graph_id].graph) m.capture(i);
+  }
 }
 
 // ---------------------------------------------------------------- accessors
@@ -571,14 +698,24 @@ BackendKind Executor::backend() const { return impl_->backend->kind(); }
 const ExecutorConfig& Executor::config() const { return impl_->cfg; }
 const std::vector<BucketPlan>& Executor::plans() const { return impl_->plans; }
 
-const BucketPlan& Executor::plan_for(int batch_bucket_index, int band) const {
+const BucketPlan& Executor::plan_for(BucketIndex bucket, int band) const {
   const Impl& m = *impl_;
   const int nb = static_cast<int>(m.cfg.batch_buckets.size());
-  if (batch_bucket_index < 0 || batch_bucket_index >= nb)
-    throw_invalid("batch_bucket_index", batch_bucket_index, "0.." + std::to_string(nb - 1));
+  if (bucket.value < 0 || bucket.value >= nb)
+    throw_invalid("bucket", bucket.value,
+                  "a batch bucket index 0.." + std::to_string(nb - 1) + " (not a batch size: see plan_for_batch)");
   if (band < 0 || band >= m.num_bands)
-    throw_invalid("band", band, "0.." + std::to_string(m.num_bands - 1));
-  return m.plans[static_cast<std::size_t>(batch_bucket_index) * m.num_bands + band];
+    throw_invalid("band", band, "a band index 0.." + std::to_string(m.num_bands - 1));
+  return m.plans[static_cast<std::size_t>(bucket.value) * m.num_bands + band];
+}
+
+const BucketPlan& Executor::plan_for(const StepResult& step) const { return plan_for(step.bucket, step.band); }
+
+const BucketPlan& Executor::plan_for_batch(int batch_size, int band) const {
+  const Impl& m = *impl_;
+  if (batch_size < 1 || batch_size > m.cfg.max_batch)
+    throw_invalid("batch_size", batch_size, "1..max_batch = 1.." + std::to_string(m.cfg.max_batch));
+  return plan_for(BucketIndex(m.bucket_of_batch[batch_size]), band);
 }
 
 std::string Executor::plan_table() const { return format_plan_table(impl_->plans); }
@@ -586,11 +723,25 @@ std::string Executor::plan_table() const { return format_plan_table(impl_->plans
 ExecutorStats Executor::stats() const {
   const Impl& m = *impl_;
   ExecutorStats s;
-  for (const GraphStats& g : m.graph_stats)
-    if (g.captures > 0) s.graphs.push_back(g);
+  for (const Impl::GraphSlot& g : m.slots) {
+    if (g.stats.captures > 0) {
+      GraphStats gs = g.stats;
+      gs.band_lo = g.plan.band_lo;
+      gs.band_hi = g.plan.band_hi;
+      s.graphs.push_back(gs);
+    }
+    s.capture_ms += g.stats.capture_ms;
+    s.instantiate_ms += g.stats.instantiate_ms;
+  }
+  s.buckets = static_cast<int>(m.plans.size());
+  s.distinct_graphs = static_cast<int>(m.slots.size());
+  for (const BucketPlan& p : m.plans) s.undecided_buckets += p.graph_id < 0;
   s.steps = m.steps;
   s.rejected_steps = m.rejected;
   s.total_captures = m.total_captures;
+  s.measure_ms = m.measure_ms;
+  s.measured_buckets = m.measured_buckets;
+  s.candidate_graphs = m.candidate_graphs;
   return s;
 }
 

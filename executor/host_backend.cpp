@@ -5,6 +5,8 @@
 // caller changes after capture is therefore not seen unless it lives in a staged buffer (whose
 // address is what got bound), exactly as with a CUDA graph. Executor memory is plain host memory at
 // fixed addresses for the executor's lifetime.
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -15,6 +17,7 @@
 #include "decodegraph/error.hpp"
 #include "decodegraph/fault.hpp"
 #include "executor/backend.hpp"
+#include "executor/plan.hpp"
 
 namespace decodegraph::detail {
 namespace {
@@ -43,7 +46,7 @@ class HostBackend final : public Backend {
  public:
   BackendKind kind() const override { return BackendKind::kHost; }
   Stream stream() const override { return nullptr; }
-  int num_sms() const override { return 132; }
+  DeviceModel device_model(const AttentionSpec& spec) const override { return host_device_model(spec); }
 
   void* alloc(std::size_t bytes) override { return alloc_zeroed(bytes, "host alloc (twin of cudaMalloc)"); }
   void free(void* p) noexcept override { std::free(p); }
@@ -111,6 +114,13 @@ class HostBackend final : public Backend {
     if (fault::should_fail(fault::Site::kGraphLaunch))
       injected("host graph launch (twin of cudaGraphLaunch)", fault::Site::kGraphLaunch);
     static_cast<HostGraph&>(g).run();
+  }
+  double time_replays(BackendGraph& g, int replays) override {
+    launch(g);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < replays; ++i) launch(g);
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+           std::max(replays, 1);
   }
 
   void attention_v1(const DecodeArgs& args) override {

@@ -1,17 +1,42 @@
-// Planning (internal): configuration checks and the per-bucket plans. Host-only, no backend.
+// Planning (internal): configuration checks, the device model, the per-bucket plans and the launch
+// identity that decides which buckets share a graph. Host-only, no backend.
 #pragma once
 
+#include <cstddef>
+#include <functional>
+#include <tuple>
 #include <vector>
 
 #include "decodegraph/executor.hpp"
 
 namespace decodegraph::detail {
 
-/// The configuration with defaults filled in (band edges, batch buckets, max_blocks_per_seq,
-/// num_sms). Throws Error naming the parameter, the value and what is allowed.
-ExecutorConfig resolve_config(ExecutorConfig config, int device_sms);
+/// The fields planning reads, checked, with defaults filled in (band edges, batch buckets). The
+/// device model is checked but left as given. Throws Error naming the parameter, the value and what
+/// is allowed.
+ExecutorConfig resolve_planning(ExecutorConfig config);
 
-/// Plans for every (batch bucket, band), bucket-major: index = bucket * bands + band.
+/// Everything resolve_planning does, plus the fields only an Executor needs (layers, caches, blocks,
+/// capture, validation, ...) and max_blocks_per_seq; device-model fields left at 0 are taken from
+/// `device(spec)`, which is called at most once and only when one is 0.
+ExecutorConfig resolve_config(ExecutorConfig config,
+                              const std::function<DeviceModel(const AttentionSpec&)>& device);
+
+/// Plans for every (batch bucket, band), bucket-major: index = bucket * bands + band. Graph ids are
+/// assigned (identical launches share one, numbered in bucket-major order of first use), except
+/// under kMeasured, where they stay -1 until the bucket is measured.
 std::vector<BucketPlan> make_plans(const ExecutorConfig& resolved);
+
+/// Sets the launch fields of `plan` (kernel, partitions, grids, workspace, launch_len and the block
+/// counts) for `kernel` at `partition_size` (V2). Band fields and design_len must be set.
+void set_launch(BucketPlan& plan, const ExecutorConfig& resolved, KernelKind kernel, int partition_size);
+
+/// kMeasured's candidates for a bucket: V1 (at or below the threshold), then V2 at kAuto's partition
+/// size and at half and twice it where those are valid and still split the band's longest length.
+std::vector<PlanCandidate> measure_candidates(const BucketPlan& plan, const ExecutorConfig& resolved);
+
+/// What makes two launches identical: equal keys replay the same graph.
+using LaunchKey = std::tuple<int, int, int, int, int, int, int, std::size_t>;
+LaunchKey launch_key(const BucketPlan& plan);
 
 }  // namespace decodegraph::detail

@@ -52,7 +52,9 @@ void run(FuzzedDataProvider& fdp) {
     c.band_edges = e;
   }
   c.partition_size = fdp.ConsumeBool() ? 0 : bs * fdp.ConsumeIntegralInRange(1, 16);
-  c.num_sms = fdp.ConsumeIntegralInRange(0, 140);
+  c.device_model.num_sms = fdp.ConsumeIntegralInRange(0, 140);
+  c.policy = static_cast<KernelPolicy>(fdp.ConsumeIntegralInRange(0, 2));
+  c.measure_replays = 1;
   c.capture = fdp.ConsumeBool() ? CapturePolicy::kLazy : CapturePolicy::kUpFront;
   c.backend = BackendKind::kHost;
   c.validation = ValidationLevel::kFull;

@@ -1,6 +1,7 @@
 // libFuzzer target (a): configuration checks, planning and step-input validation.
 // The input picks an ExecutorConfig (spec, batch buckets, band edges, threshold, partition size,
-// budget, ... valid or not) and up to three steps of random num_seqs, lengths, block tables and slots.
+// kernel policy, device model, budget, ... valid or not) and up to three steps of random num_seqs,
+// lengths, block tables and slots.
 // Every input must either succeed or throw decodegraph::Error; a successful construction must yield
 // plans that keep their invariants, a successful step a result consistent with its inputs.
 // Sizes are capped so each input runs in milliseconds; the step's work is skipped past a small bound.
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,16 +34,26 @@ void check_plans(const Executor& ex) {
   check(!plans.empty(), "no plans");
   check(c.band_edges.back() == c.max_seq_len, "last band edge is not max_seq_len", c.band_edges.back());
   check(c.batch_buckets.back() == c.max_batch, "last bucket is not max_batch", c.batch_buckets.back());
+  check(c.device_model.num_sms >= 1 && c.device_model.blocks_per_sm >= 1, "device model not resolved",
+        c.device_model.num_sms, c.device_model.blocks_per_sm);
+  const bool measured = c.policy == KernelPolicy::kMeasured;
   std::size_t largest = 0;
+  std::map<int, const BucketPlan*> by_graph;
   for (const BucketPlan& p : plans) {
     check(p.batch >= 1 && p.batch <= c.max_batch, "plan batch out of range", p.batch);
     check(p.band_lo < p.band_hi && p.band_hi <= c.max_seq_len, "plan band", p.band_lo, p.band_hi);
     check(p.band >= 0 && p.band < static_cast<int>(c.band_edges.size()), "plan band index", p.band);
     check(c.band_edges[p.band] == p.band_hi, "band_hi is not its edge", p.band, p.band_hi);
-    const bool v2 = p.band_hi > c.v2_threshold;
-    check((p.kernel == KernelKind::kV2) == v2, "V1/V2 choice against the threshold", p.band_hi,
-          c.v2_threshold);
+    const bool v2 = p.kernel == KernelKind::kV2;
+    check(v2 || p.band_hi <= c.v2_threshold, "V1 above the threshold", p.band_hi, c.v2_threshold);
+    if (c.policy == KernelPolicy::kThreshold)
+      check(v2 == (p.band_hi > c.v2_threshold), "kThreshold is not the threshold rule", p.band_hi);
+    if (c.policy == KernelPolicy::kAuto && p.band_hi <= c.v2_threshold)
+      check(v2 == (static_cast<long long>(p.grid_y) * p.grid_z < c.device_model.target_blocks()),
+            "kAuto's V1/V2 choice against the target", p.grid_y * p.grid_z, c.device_model.target_blocks());
     check(p.grid_x >= 1 && p.grid_y >= 1 && p.grid_z >= 1, "empty grid", p.grid_x, p.grid_z);
+    check(p.blocks == p.grid_x * p.grid_y * p.grid_z, "blocks are not the grid", p.blocks);
+    check(p.launch_len >= p.band_hi && p.launch_len <= c.max_seq_len, "launch length", p.launch_len, p.band_hi);
     if (v2) {
       check(p.partition_size > 0 && p.partition_size % c.spec.block_size == 0, "partition size",
             p.partition_size);
@@ -53,10 +65,20 @@ void check_plans(const Executor& ex) {
     } else {
       check(p.workspace_bytes == 0, "V1 plan with workspace", static_cast<long long>(p.workspace_bytes));
     }
+    check(measured || p.graph_id >= 0, "undecided plan outside kMeasured", p.graph_id);
+    if (p.graph_id >= 0) {  // buckets sharing a graph launch identically
+      const auto [it, fresh] = by_graph.emplace(p.graph_id, &p);
+      const BucketPlan& g = *it->second;
+      check(fresh || (g.kernel == p.kernel && g.batch == p.batch && g.partition_size == p.partition_size &&
+                      g.grid_x == p.grid_x && g.grid_y == p.grid_y && g.launch_len == p.launch_len &&
+                      g.workspace_bytes == p.workspace_bytes),
+            "a shared graph with different launches", p.graph_id, g.band);
+    }
     largest = std::max(largest, p.workspace_bytes);
   }
   const MemoryReport m = ex.memory();
-  check(m.workspace == largest, "workspace not sized for the largest plan",
+  // kMeasured also sizes the workspace for its candidates.
+  check(measured ? m.workspace >= largest : m.workspace == largest, "workspace not sized for the largest plan",
         static_cast<long long>(m.workspace), static_cast<long long>(largest));
   if (c.memory_budget_bytes != 0)
     check(m.total() <= c.memory_budget_bytes, "memory over budget", static_cast<long long>(m.total()),
@@ -84,7 +106,10 @@ void run(FuzzedDataProvider& fdp) {
   if (fdp.ConsumeBool()) c.band_edges = edge_list(fdp, c.max_seq_len);
   if (fdp.ConsumeBool()) c.batch_buckets = edge_list(fdp, c.max_batch);
   c.partition_size = fdp.ConsumeBool() ? 0 : fdp.ConsumeIntegralInRange(-16, 4) * 32 + fdp.ConsumeIntegralInRange(0, 1) * 8;
-  c.num_sms = fdp.ConsumeIntegralInRange(-1, 200);
+  c.device_model.num_sms = fdp.ConsumeIntegralInRange(-1, 200);
+  c.device_model.blocks_per_sm = fdp.ConsumeBool() ? 0 : fdp.ConsumeIntegralInRange(-1, 70);
+  c.policy = static_cast<KernelPolicy>(fdp.ConsumeIntegralInRange(0, 3));
+  c.measure_replays = 1;
   c.capture = static_cast<CapturePolicy>(fdp.ConsumeIntegralInRange(0, 2));
   c.backend = static_cast<BackendKind>(fdp.ConsumeIntegralInRange(0, 1) * 2);  // auto or host; 1..3 below
   if (fdp.ConsumeIntegralInRange(0, 15) == 0) c.backend = static_cast<BackendKind>(fdp.ConsumeIntegralInRange(1, 3));
@@ -155,9 +180,12 @@ void run(FuzzedDataProvider& fdp) {
       const StepResult r = ex->step(in);
       const int longest = *std::max_element(lens.begin(), lens.end());
       check(n >= 1 && n <= rc.max_batch, "accepted num_seqs", n);
-      check(r.batch_bucket >= n, "bucket smaller than the batch", r.batch_bucket, n);
+      check(r.bucket_batch_size >= n, "bucket smaller than the batch", r.bucket_batch_size, n);
       check(r.band_hi >= longest, "band shorter than the longest sequence", r.band_hi, longest);
-      check((r.kernel == KernelKind::kV2) == (r.band_hi > rc.v2_threshold), "step kernel", r.band_hi);
+      check(r.kernel == KernelKind::kV2 || r.band_hi <= rc.v2_threshold, "V1 step above the threshold", r.band_hi);
+      const BucketPlan& p = ex->plan_for(r);
+      check(p.batch == r.bucket_batch_size && p.kernel == r.kernel && p.graph_id == r.graph_id && p.graph_id >= 0,
+            "step result and its plan disagree", p.batch, r.bucket_batch_size);
       check(ex->stats().steps == before.steps + 1, "steps not counted");
     } catch (const Error&) {
       const ExecutorStats after = ex->stats();

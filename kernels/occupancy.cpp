@@ -33,6 +33,14 @@ int next_pow2(int v) {
 
 }  // namespace
 
+// As launch_paged_decode splits the group: heads_per_block = next_pow2(min(group, 16)).
+int pass1_head_chunks(const AttentionSpec& spec) {
+  validate_spec(spec);
+  const int group = spec.group_size();
+  const int per_block = next_pow2(std::min(group, 16));
+  return (group + per_block - 1) / per_block;
+}
+
 // Current kernel (kernels/paged_decode.cuh, DecodePolicy): threads = max(128, LANES x GY) with
 // LANES = next_pow2(D) / VEC, VEC = max(16 / elem bytes, next_pow2(D) / 32), GY = next_pow2(min(group,
 // 16)); registers and static shared memory from ptxas (nvcc 13.0, sm_90, V2 kernel; V1 is equal).

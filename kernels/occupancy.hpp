@@ -33,6 +33,10 @@ int blocks_per_sm(const KernelResources& r, const SmLimits& limits = {});
 /// changes: scripts/kernel_report.sh prints both).
 KernelResources pass1_resources(const AttentionSpec& spec);
 
+/// Head chunks of the pass-1 launch: a block serves at most 16 query heads of a GQA group
+/// (DecodePolicy::kMaxHeadsPerBlock), so grid y = num_kv_heads x this. 1 for groups up to 16.
+int pass1_head_chunks(const AttentionSpec& spec);
+
 /// CUDA: cudaOccupancyMaxActiveBlocksPerMultiprocessor for that exact instantiation on the current
 /// device. Not capturable-sensitive (no launch), but call it outside any capture anyway. Throws Error
 /// when built without CUDA.

@@ -12,6 +12,7 @@
 #include "executor/backend.hpp"
 #include "graphs/graph.hpp"
 #include "kernels/cuda_check.hpp"
+#include "kernels/occupancy.hpp"
 
 namespace decodegraph::detail {
 namespace {
@@ -42,22 +43,28 @@ class CudaBackend final : public Backend {
     DG_CUDA_CHECK(cudaGetDevice(&device_));
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
     DG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    const cudaError_t err = cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming);
+    cudaError_t err = cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaEventCreate(&timing_[0]);
+    if (err == cudaSuccess) err = cudaEventCreate(&timing_[1]);
     if (err != cudaSuccess) {
-      cudaStreamDestroy(stream_);
+      destroy();
       DG_CUDA_CHECK(err);
     }
   }
   ~CudaBackend() override {
     scope_.reset();
     cudaStreamSynchronize(stream_);
-    cudaEventDestroy(staged_);
-    cudaStreamDestroy(stream_);
+    destroy();
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   Stream stream() const override { return stream_; }
-  int num_sms() const override { return sms_; }
+  DeviceModel device_model(const AttentionSpec& spec) const override {
+    DeviceModel d;
+    d.num_sms = sms_;
+    d.blocks_per_sm = kernels::pass1_blocks_per_sm_on_device(spec);
+    return d;
+  }
 
   void* alloc(std::size_t bytes) override {
     if (fault::should_fail(fault::Site::kAlloc)) injected("cudaMalloc", fault::Site::kAlloc);
@@ -135,6 +142,21 @@ class CudaBackend final : public Backend {
     static_cast<CudaGraph&>(exec).update(std::move(g));
   }
   void launch(BackendGraph& g) override { static_cast<CudaGraph&>(g).launch(stream_); }
+  double time_replays(BackendGraph& g, int replays) override {
+    // Never inside a capture: event timing and the synchronisation below are not capturable.
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    DG_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+    if (scope_ || status != cudaStreamCaptureStatusNone)
+      throw Error("kMeasured timing refused: the executor stream is being captured");
+    launch(g);  // warm-up
+    DG_CUDA_CHECK(cudaEventRecord(timing_[0], stream_));
+    for (int i = 0; i < replays; ++i) launch(g);
+    DG_CUDA_CHECK(cudaEventRecord(timing_[1], stream_));
+    DG_CUDA_CHECK(cudaEventSynchronize(timing_[1]));
+    float ms = 0;
+    DG_CUDA_CHECK(cudaEventElapsedTime(&ms, timing_[0], timing_[1]));
+    return 1000.0 * ms / (replays > 0 ? replays : 1);
+  }
 
   // The eager launchers are capturable and check kKernelLaunch and cudaGetLastError themselves.
   void attention_v1(const DecodeArgs& args) override { paged_attention_v1(args, stream_); }
@@ -158,10 +180,18 @@ class CudaBackend final : public Backend {
     return scope_->end();
   }
 
+  void destroy() noexcept {
+    for (cudaEvent_t e : timing_)
+      if (e) cudaEventDestroy(e);
+    if (staged_) cudaEventDestroy(staged_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
   int device_ = 0;
   int sms_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t staged_ = nullptr;
+  cudaEvent_t timing_[2] = {nullptr, nullptr};  // kMeasured: around the timed replays
   std::optional<graphs::CaptureScope> scope_;
 };
 

@@ -1,6 +1,8 @@
 // The decode-step executor: captures the attention of a decode step (optionally the caller's whole
-// step) into one CUDA graph per bucket (batch bucket x length band) and replays the right one each
-// token step. Bands up to the V1/V2 threshold replay V1 graphs, longer ones V2 graphs.
+// step) into CUDA graphs and replays the right one each token step. Every bucket (batch bucket x
+// length band) has a plan: V1 or V2, and V2's partition size, chosen by a KernelPolicy against a
+// model of the GPU (docs/planning.md). Bands above the V1/V2 threshold always replay V2. Buckets whose
+// launches are identical share one graph.
 //
 // Typical loop:
 //   Executor ex(config);                    // plans every bucket, allocates static buffers
@@ -37,14 +39,99 @@ enum class ValidationLevel : int { kCheap = 0, kFull = 1 };
 /// Where step inputs (seq_lens, block tables, slot mapping) live.
 enum class MemorySpace : int { kHost = 0, kDevice = 1 };
 
+/// How each bucket's kernel and partition size are chosen (docs/planning.md). Above v2_threshold every
+/// policy runs V2.
+///  kAuto:      V1 where one block per (sequence, KV head chunk) already fills the GPU's resident
+///              slots (target_blocks), else V2 with partitions that fill them at the band's lower edge.
+///  kThreshold: V1 up to v2_threshold, V2 above (the seed's rule), with kAuto's partitions.
+///  kMeasured:  times candidate graphs (V1, V2 at partition sizes around kAuto's) when a bucket is
+///              first captured and keeps the fastest; the plan records each candidate's time.
+enum class KernelPolicy : int { kAuto = 0, kThreshold = 1, kMeasured = 2 };
+
 const char* to_string(BackendKind kind);
 const char* to_string(CapturePolicy policy);
+const char* to_string(KernelPolicy policy);
+/// Parses "auto", "threshold" or "measured"; throws Error otherwise.
+KernelPolicy parse_kernel_policy(const std::string& name);
+
+/// What the planner assumes about the GPU. target_blocks = num_sms x blocks_per_sm: how many pass-1
+/// blocks are resident at once. Zero fields are filled in at construction: CUDA queries the device
+/// (SM count, and cudaOccupancyMaxActiveBlocksPerMultiprocessor for the exact pass-1 instantiation
+/// the spec selects); the host backend models an H200: 132 SMs and the occupancy that the pass-1
+/// kernel's registers and shared memory (as nvcc compiles it for sm_90) allow.
+struct DeviceModel {
+  int num_sms = 0;
+  int blocks_per_sm = 0;
+  int target_blocks() const { return num_sms * blocks_per_sm; }
+};
 
 #ifdef NDEBUG
 inline constexpr ValidationLevel kDefaultValidation = ValidationLevel::kCheap;
 #else
 inline constexpr ValidationLevel kDefaultValidation = ValidationLevel::kFull;
 #endif
+
+/// Why a plan runs its kernel.
+enum class PlanReason : int {
+  kFillsGpu = 0,        // kAuto, V1: one partition per (sequence, KV head chunk) reaches target_blocks
+  kUnderfills = 1,      // kAuto, V2: V1 would leave resident slots idle
+  kAboveThreshold = 2,  // V2: band_hi > v2_threshold (every policy)
+  kThresholdRule = 3,   // kThreshold, V1: band_hi <= v2_threshold
+  kMeasuredFastest = 4, // kMeasured: the fastest candidate
+  kNotMeasured = 5,     // kMeasured, before the bucket's first capture: kAuto's choice, for now
+};
+const char* to_string(PlanReason reason);
+
+/// One launch kMeasured times for a bucket.
+struct PlanCandidate {
+  KernelKind kernel = KernelKind::kV1;
+  int partition_size = 0;  // V2
+  double us = -1;          // microseconds per replay of every layer's attention; -1: not measured
+};
+
+/// Index of a batch bucket in config().batch_buckets: 0, 1, 2, ... Not a batch size (a size is what
+/// StepResult::bucket_batch_size and plan_for_batch() take); explicit so one cannot pass for the other.
+struct BucketIndex {
+  int value = 0;
+  constexpr explicit BucketIndex(int v) : value(v) {}
+  friend constexpr bool operator==(BucketIndex a, BucketIndex b) { return a.value == b.value; }
+};
+
+/// The host-only plan of one bucket.
+struct BucketPlan {
+  int batch = 0;         // bucket batch size
+  int band = 0;          // band index
+  int band_lo = 0;       // lengths in (band_lo, band_hi]
+  int band_hi = 0;
+  KernelKind kernel = KernelKind::kV1;
+  int partition_size = 0;  // V2 only
+  int max_partitions = 0;  // V2 only
+  int grid_x = 0, grid_y = 0, grid_z = 0;     // attention (V1 or V2 pass 1) grid
+  int merge_grid_x = 0, merge_grid_y = 0;     // V2 pass 2 grid
+  std::size_t workspace_bytes = 0;            // V2 partials
+  /// Longest length the launches are sized for (their max_seq_len): band_hi for V2; for V1 the
+  /// largest V1 band edge, min(v2_threshold, max_seq_len), so that the V1 launches of a batch bucket
+  /// are identical across bands and share a graph. Every bucket replaying a graph has band_hi <= it.
+  int launch_len = 0;
+  /// The length the partitions are sized for: band_lo; for the first band (band_lo 0),
+  /// max(1, band_hi / 2) (docs/planning.md says why).
+  int design_len = 0;
+  int blocks = 0;                  // pass-1 blocks launched: grid_x * grid_y * grid_z
+  int target_blocks = 0;           // resident pass-1 blocks of the device model
+  int live_blocks_at_band_lo = 0;  // pass-1 blocks with work when every sequence has design_len tokens
+  double waves = 0;                // blocks / target_blocks: the launch's size in resident slots
+  PlanReason reason = PlanReason::kFillsGpu;
+  /// Index of the graph this bucket replays (ExecutorStats::graphs[].graph_id); buckets with identical
+  /// launches share one. -1: not decided yet (kMeasured, before the bucket's first capture).
+  int graph_id = -1;
+  /// kMeasured: the candidates, with their measured time once the bucket has been captured.
+  std::vector<PlanCandidate> candidates;
+};
+
+/// Formats plans as an aligned text table (for logs, the CLI and bug reports).
+std::string format_plan_table(const std::vector<BucketPlan>& plans);
+/// One line saying why the plan runs its kernel, with the numbers that decided it.
+std::string describe_reason(const BucketPlan& plan);
 
 /// Per-layer buffers. KV caches are required. q/out/new K/V are optional: where null the executor
 /// owns a buffer (exposed by query()/output()/new_key()/new_value()); where set, the address is fixed
@@ -71,7 +158,7 @@ struct ExecutorConfig {
   /// Block-table row width; 0 means ceil(max_seq_len / block_size).
   int max_blocks_per_seq = 0;
 
-  /// Bands with upper edge <= threshold run V1; longer bands run V2.
+  /// Bands with upper edge > threshold always run V2; at or below it, `policy` decides.
   int v2_threshold = 8192;
   /// Upper edges of the length bands, increasing, containing v2_threshold (when < max_seq_len) and
   /// ending at max_seq_len. Empty: powers of two from 512 up to max_seq_len, plus the threshold.
@@ -79,11 +166,18 @@ struct ExecutorConfig {
   /// Captured batch sizes, increasing, ending at max_batch. Empty: 1, 2, 4, 8, then steps of 8 up to
   /// 256 and of 16 beyond, capped at max_batch (which is always a bucket).
   std::vector<int> batch_buckets;
-  /// V2 partition size: a multiple of block_size, or 0 for "auto" (per bucket: the largest multiple
-  /// of block_size >= 256 that still puts at least one full wave of blocks on the SMs).
+  /// V2 partition size: a multiple of block_size, or 0 for "auto" (per bucket: balanced partitions,
+  /// at least 256 tokens, enough of them to fill target_blocks at the band's lower edge; see
+  /// docs/planning.md).
   int partition_size = 0;
-  /// SM count for auto partitioning; 0 = query the device (host backend: 132, an H200).
-  int num_sms = 0;
+  KernelPolicy policy = KernelPolicy::kAuto;
+  /// The GPU the plans are made for; zero fields are queried (CUDA) or modelled (host: an H200).
+  DeviceModel device_model;
+  /// kMeasured: timed replays per candidate, after one warm-up replay.
+  int measure_replays = 3;
+  /// kMeasured test hook: when set, a candidate's microseconds per replay are what this returns,
+  /// instead of the time its replays took (they still run). Makes measured plans deterministic.
+  std::function<double(const BucketPlan& bucket, const PlanCandidate& candidate)> measure_clock;
 
   CapturePolicy capture = CapturePolicy::kLazy;
   BackendKind backend = BackendKind::kAuto;
@@ -101,23 +195,6 @@ struct ExecutorConfig {
   std::string log_level;
 };
 
-/// The host-only plan of one bucket.
-struct BucketPlan {
-  int batch = 0;         // bucket batch size
-  int band = 0;          // band index
-  int band_lo = 0;       // lengths in (band_lo, band_hi]
-  int band_hi = 0;
-  KernelKind kernel = KernelKind::kV1;
-  int partition_size = 0;  // V2 only
-  int max_partitions = 0;  // V2 only
-  int grid_x = 0, grid_y = 0, grid_z = 0;     // attention (V1 or V2 pass 1) grid
-  int merge_grid_x = 0, merge_grid_y = 0;     // V2 pass 2 grid
-  std::size_t workspace_bytes = 0;            // V2 partials
-};
-
-/// Formats plans as an aligned text table (for logs, the CLI and bug reports).
-std::string format_plan_table(const std::vector<BucketPlan>& plans);
-
 struct StepInputs {
   int num_seqs = 0;
   const int32_t* seq_lens = nullptr;      // [num_seqs]
@@ -128,12 +205,15 @@ struct StepInputs {
 };
 
 struct StepResult {
-  int batch_bucket = 0;
+  BucketIndex bucket{0};      // index of the batch bucket (plan_for(result) finds the plan)
+  int bucket_batch_size = 0;  // that bucket's batch size: num_seqs rounded up to a bucket
   int band = 0;
   int band_hi = 0;
   KernelKind kernel = KernelKind::kV1;
   int partition_size = 0;
   bool captured = false;  // this step captured (and instantiated) the bucket's graph
+  bool measured = false;  // this step timed the bucket's candidates (kMeasured)
+  int graph_id = -1;      // the graph it replayed
 };
 
 class Executor;
@@ -144,6 +224,11 @@ class StepContext {
   /// The stream being captured (CUDA backend). Launch your own kernels on it.
   Stream stream() const;
   BackendKind backend() const;
+  /// The plan of the graph being captured. The body runs once per distinct graph, and buckets whose
+  /// launches are identical share it: its kernel, batch, partitions, grids, workspace and launch_len
+  /// hold for every bucket that replays it; band, band_lo and band_hi span those buckets (the lowest
+  /// band, the lowest band_lo, the highest band_hi; under kMeasured, those decided so far). Size
+  /// per-step work of your own by batch and launch_len, which bound every step the graph will replay.
   const BucketPlan& plan() const;
   /// Appends layer l's new K/V (staged slot_mapping) into its cache.
   void append_kv(int layer);
@@ -167,22 +252,39 @@ class StepContext {
 
 using StepBody = std::function<void(StepContext&)>;
 
+/// One captured graph. A graph shared by several buckets appears once.
 struct GraphStats {
+  int graph_id = 0;
   int batch = 0;
-  int band = 0;
-  KernelKind kernel = KernelKind::kV1;  // what the bucket's graph runs
+  int band = 0;       // lowest band that replays it
+  int last_band = 0;  // highest band that replays it
+  int band_lo = 0;    // lengths (band_lo, band_hi] over all its buckets
+  int band_hi = 0;
+  int buckets = 0;    // buckets that replay it
+  KernelKind kernel = KernelKind::kV1;
+  int partition_size = 0;
   int captures = 0;
   long long replays = 0;
   int nodes = 0;
   double capture_ms = 0;
   double instantiate_ms = 0;
+  double measure_ms = 0;  // kMeasured: timing the candidates of the buckets that chose this graph
+  std::size_t bytes = 0;  // graph memory (CUDA estimate; 0 on host)
 };
 
 struct ExecutorStats {
-  std::vector<GraphStats> graphs;  // one per captured bucket
+  std::vector<GraphStats> graphs;  // one per captured graph
+  int buckets = 0;           // batch buckets x bands
+  int distinct_graphs = 0;   // graphs the decided plans need (each captured at most once)
+  int undecided_buckets = 0; // kMeasured: buckets not yet measured (their graph is not known yet)
   long long steps = 0;
   long long rejected_steps = 0;
   int total_captures = 0;
+  double capture_ms = 0;      // all captures
+  double instantiate_ms = 0;  // all instantiations
+  double measure_ms = 0;      // kMeasured: capturing, replaying and timing candidates
+  int measured_buckets = 0;
+  int candidate_graphs = 0;   // candidate graphs captured and timed
   long long replays(KernelKind kind) const;
 };
 
@@ -210,8 +312,15 @@ class Executor {
 
   BackendKind backend() const;
   const ExecutorConfig& config() const;
+  /// Every bucket's plan, bucket-major (index = bucket * bands + band). kMeasured plans are final once
+  /// their bucket has been captured.
   const std::vector<BucketPlan>& plans() const;
-  const BucketPlan& plan_for(int batch_bucket_index, int band) const;
+  /// The plan of batch bucket `bucket` (an index into config().batch_buckets) and band index `band`.
+  const BucketPlan& plan_for(BucketIndex bucket, int band) const;
+  /// The plan a step ran.
+  const BucketPlan& plan_for(const StepResult& step) const;
+  /// The plan a step of `batch_size` sequences (1..max_batch) in band index `band` replays.
+  const BucketPlan& plan_for_batch(int batch_size, int band) const;
   std::string plan_table() const;
   ExecutorStats stats() const;
   MemoryReport memory() const;
@@ -233,7 +342,28 @@ class Executor {
 /// Default bands and buckets, exposed for tests and tools.
 std::vector<int> default_band_edges(int max_seq_len, int v2_threshold);
 std::vector<int> default_batch_buckets(int max_batch);
-/// Auto partition size for a bucket (see ExecutorConfig::partition_size).
+
+/// The host backend's device model for `spec`: an H200 (132 SMs) with the occupancy the pass-1
+/// kernel's registers and shared memory allow there (read off ptxas for the current kernels).
+DeviceModel host_device_model(const AttentionSpec& spec);
+
+/// The plans an Executor with this configuration makes (graph ids included), without building one:
+/// no backend, no memory, no layers needed. Device-model fields left at 0 take the host model (an
+/// H200). Throws Error for planning fields the Executor would reject (layers, caches and the other
+/// fields planning does not read are not checked).
+std::vector<BucketPlan> plan_buckets(const ExecutorConfig& config);
+
+/// V2 partition size (docs/planning.md): the longest P that splits `design_len` into at least
+/// `min_parts` balanced partitions, P = round_up(ceil(design_len / k), block_size) for some k (every
+/// partition but the last within one cache block of the even share), and at least the minimum
+/// partition (256 tokens rounded up to block_size). When even the minimum gives fewer than
+/// `min_parts`, the minimum.
+int balanced_partition_size(int design_len, int min_parts, int block_size);
+
+/// kAuto's V2 partition size for a bucket of `batch` sequences over (band_hi / 2, band_hi] with
+/// `num_sms` SMs and the host model's blocks per SM. Kept for existing callers; use plan_buckets() or
+/// Executor::plan_for_batch(), which know the bands and the device model.
+[[deprecated("use plan_buckets() or Executor::plan_for_batch()")]]
 int auto_partition_size(const AttentionSpec& spec, int batch, int band_hi, int num_sms);
 
 }  // namespace decodegraph

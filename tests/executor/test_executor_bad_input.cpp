@@ -221,8 +221,17 @@ TEST_F(BadConfig, SizesAndPartition) {
   c.partition_size = 200;
   reject(c, {"200"});
   c = good();
-  c.num_sms = -1;
-  reject(c, {"num_sms = -1"});
+  c.device_model.num_sms = -1;
+  reject(c, {"device_model.num_sms = -1", "0 (the device's, or the host model's) or 1..65536"});
+  c = good();
+  c.device_model.blocks_per_sm = 65;
+  reject(c, {"device_model.blocks_per_sm = 65", "1..64"});
+  c = good();
+  c.policy = static_cast<KernelPolicy>(7);
+  reject(c, {"policy = 7", "kAuto, kThreshold or kMeasured"});
+  c = good();
+  c.measure_replays = 0;
+  reject(c, {"measure_replays = 0", "1..1000"});
 }
 TEST_F(BadConfig, AlibiSpecLogLevelBackendAndBudget) {
   ExecutorConfig c = good();

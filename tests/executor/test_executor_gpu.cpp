@@ -1,8 +1,9 @@
 // GPU executor tests (skip without a device): graph replay against the float64 reference, graph
 // output bitwise equal to the eager launchers' output, and two replays of the same inputs bitwise
-// equal, for a V1 and a V2 bucket.
+// equal, for a V1 and a V2 bucket and for a bucket kMeasured chose by timing candidates with events.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -25,7 +26,8 @@ struct DevBuf {
 };
 #endif
 
-void run_gpu_case(KernelKind kind) {
+// kind: the kernel the threshold policy gives the bucket; measured: let kMeasured choose instead.
+void run_gpu_case(KernelKind kind, bool measured = false) {
 #if DECODEGRAPH_HAS_CUDA
   AttentionSpec s;
   s.num_q_heads = 8;
@@ -43,6 +45,7 @@ void run_gpu_case(KernelKind kind) {
   c.layers[0].v_cache = dv.p;
   c.backend = BackendKind::kCuda;
   c.v2_threshold = 1024;
+  c.policy = measured ? KernelPolicy::kMeasured : KernelPolicy::kThreshold;  // threshold: both kernels
   c.append_kv = false;  // the cache stays fixed, so eager and graph see the same data
   Executor ex(c);
   const int lo = kind == KernelKind::kV1 ? 1 : 1025, hi = kind == KernelKind::kV1 ? 1024 : max_len;
@@ -57,7 +60,23 @@ void run_gpu_case(KernelKind kind) {
   CK(cudaMemcpy(ex.query(0), q.data(), qb, cudaMemcpyHostToDevice));
   CK(cudaDeviceSynchronize());  // a pageable cudaMemcpy may return before the DMA lands
   const StepResult r = ex.step(w.inputs());
-  ASSERT_EQ(r.kernel, kind);
+  if (measured) {
+    // Every candidate was timed with CUDA events (a positive time) and the fastest kept.
+    const BucketPlan& p = ex.plan_for(r);
+    EXPECT_TRUE(r.measured);
+    EXPECT_EQ(p.reason, PlanReason::kMeasuredFastest);
+    ASSERT_GE(p.candidates.size(), 2u);
+    double best = p.candidates[0].us;
+    for (const PlanCandidate& cand : p.candidates) {
+      EXPECT_GT(cand.us, 0.0);
+      best = std::min(best, cand.us);
+    }
+    for (const PlanCandidate& cand : p.candidates)
+      if (cand.kernel == p.kernel && cand.partition_size == p.partition_size) EXPECT_EQ(cand.us, best);
+    EXPECT_GT(ex.stats().measure_ms, 0.0);
+  } else {
+    ASSERT_EQ(r.kernel, kind);
+  }
   CK(cudaStreamSynchronize(ex.stream()));
   CK(cudaMemcpy(g1.data(), ex.output(0), qb, cudaMemcpyDeviceToHost));
   ex.step(w.inputs());
@@ -77,7 +96,7 @@ void run_gpu_case(KernelKind kind) {
   DecodeArgs a;
   a.spec = s;
   a.num_seqs = 7;
-  a.max_seq_len = r.band_hi;
+  a.max_seq_len = ex.plan_for(r).launch_len;  // what the graph's launches were sized for
   a.block_table_stride = w.stride;
   a.num_blocks = w.num_blocks;
   a.q = dq.p;
@@ -86,10 +105,10 @@ void run_gpu_case(KernelKind kind) {
   a.v_cache = dv.p;
   a.block_tables = static_cast<const int32_t*>(dt.p);
   a.seq_lens = static_cast<const int32_t*>(dl.p);
-  if (kind == KernelKind::kV1) {
+  if (r.kernel == KernelKind::kV1) {
     paged_attention_v1(a, nullptr);
   } else {
-    const std::size_t ws = v2_workspace_size(s, 7, r.band_hi, r.partition_size);
+    const std::size_t ws = v2_workspace_size(s, 7, a.max_seq_len, r.partition_size);
     DevBuf work(ws);
     paged_attention_v2(a, r.partition_size, work.p, ws, nullptr);
     CK(cudaDeviceSynchronize());
@@ -111,6 +130,11 @@ TEST(ExecutorGpu, V1GraphBitwiseEqualsEagerAndReplaysAreDeterministic) {
 TEST(ExecutorGpu, V2GraphBitwiseEqualsEagerAndReplaysAreDeterministic) {
   DG_REQUIRE_GPU();
   run_gpu_case(KernelKind::kV2);
+}
+
+TEST(ExecutorGpu, MeasuredBucketTimesItsCandidatesThenMatchesEager) {
+  DG_REQUIRE_GPU();
+  run_gpu_case(KernelKind::kV1, /*measured=*/true);  // band (512, 1024]: V1 and V2 both candidates
 }
 
 }  // namespace

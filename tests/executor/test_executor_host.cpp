@@ -1,7 +1,8 @@
 // Executor tests through the host backend (run everywhere): each op eager / captured+replayed /
 // replayed after lengths and batch changed, all against the float64 reference; the V1 -> V2 swap at
-// 8192; bucket edges; padding; lazy vs up-front capture; KV append; recovery after a rejected step
-// and after an exception inside the step body; a multi-layer step body with caller work; graph
+// 8192; every policy across the threshold; kMeasured's choice, its cost and its safety; graphs shared
+// by buckets; bucket edges; padding; lazy vs up-front capture; KV append; recovery after a rejected
+// step and after an exception inside the step body; a multi-layer step body with caller work; graph
 // semantics (a pointer changed after capture is not seen); the fault seam; memory accounting.
 #include <gtest/gtest.h>
 
@@ -95,6 +96,7 @@ TEST_P(ThreeWays, EagerCapturedAndReplayedAfterChangesMatchReference) {
   ExecutorConfig c = w.config(24, max_len);
   c.v2_threshold = 512;
   c.partition_size = 256;
+  c.policy = KernelPolicy::kThreshold;  // V1 up to 512 whatever the batch
   Executor ex(c);
 
   // 2. captured, then replayed; 3. replayed after lengths and batch changed (same bucket), then a
@@ -132,6 +134,7 @@ TEST(ExecutorHost, GrowingFrom8000To8400ReplaysV1UpTo8192ThenV2) {
   const int max_len = 8448;
   World w(s, 1, 2, max_len, 3);
   ExecutorConfig c = w.config(2, max_len);  // default bands: ..., 4096, 8192, 8448; threshold 8192
+  c.policy = KernelPolicy::kThreshold;
   Executor ex(c);
   ASSERT_EQ(ex.config().band_edges.back(), 8448);
   long long v1 = 0, v2 = 0;
@@ -156,6 +159,254 @@ TEST(ExecutorHost, GrowingFrom8000To8400ReplaysV1UpTo8192ThenV2) {
   EXPECT_EQ(st.steps, 401);
 }
 
+// ---------------------------------------------------------------- every policy across the threshold
+
+using PolicyParam = std::tuple<KernelPolicy, int>;  // policy, batch
+class PolicyAcrossThreshold : public ::testing::TestWithParam<PolicyParam> {};
+
+// Lengths 8191, 8192 and 8193 (the longest sequence of each step; the others random below it) at
+// batches 1, 7 and 17, one executor per policy, every step against the float64 reference.
+TEST_P(PolicyAcrossThreshold, MatchesTheReference) {
+  const auto [policy, batch] = GetParam();
+  AttentionSpec s = small_spec(DType::kBFloat16);
+  const int max_len = 8448;
+  World w(s, 1, 17, max_len, 53 + batch);
+  ExecutorConfig c = w.config(17, max_len);  // bands ..., 4096, 8192, 8448; buckets 1 2 4 8 16 17
+  c.policy = policy;
+  c.measure_replays = 1;  // the host replays are CPU attention: keep kMeasured's timing short
+  Executor ex(c);
+  for (int len : {8191, 8192, 8193}) {
+    std::vector<int> lens = random_lens(w.rng, batch, 1, len);
+    lens[batch / 2] = len;
+    w.set_lens(lens);
+    w.fill_step(ex);
+    const StepResult r = ex.step(w.inputs());
+    EXPECT_EQ(r.band_hi, len <= 8192 ? 8192 : 8448);
+    if (len > 8192) EXPECT_EQ(r.kernel, KernelKind::kV2) << "above the threshold every policy runs V2";
+    if (policy == KernelPolicy::kThreshold) EXPECT_EQ(r.kernel, len <= 8192 ? KernelKind::kV1 : KernelKind::kV2);
+    EXPECT_EQ(r.measured, policy == KernelPolicy::kMeasured && len != 8192) << "each bucket is measured once";
+    EXPECT_EQ(ex.plan_for(r).kernel, r.kernel);
+    EXPECT_TRUE(w.check_appended(ex, 0)) << "len " << len;
+    EXPECT_TRUE(w.check_layer(ex, 0)) << to_string(policy) << " batch " << batch << " len " << len;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Host, PolicyAcrossThreshold,
+                         ::testing::Combine(::testing::Values(KernelPolicy::kAuto, KernelPolicy::kThreshold,
+                                                              KernelPolicy::kMeasured),
+                                            ::testing::Values(1, 7, 17)),
+                         [](const auto& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_batch" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// ---------------------------------------------------------------- kMeasured
+
+// A deterministic clock: each candidate's microseconds per replay come from a table.
+double by_candidate(const BucketPlan&, const PlanCandidate& c, double v1, double p_auto, double p_half,
+                    double p_double, int auto_p) {
+  if (c.kernel == KernelKind::kV1) return v1;
+  if (c.partition_size == auto_p) return p_auto;
+  return c.partition_size < auto_p ? p_half : p_double;
+}
+
+TEST(ExecutorHost, MeasuredKeepsTheFastestCandidateAndRecordsEveryTime) {
+  const AttentionSpec s = small_spec(DType::kFloat32);
+  World w(s, 2, 8, 4096, 61);
+  ExecutorConfig c = w.config(8, 4096);  // bands 512 1024 2048 4096, all <= the threshold
+  c.policy = KernelPolicy::kMeasured;
+  c.device_model.num_sms = 132;
+  c.device_model.blocks_per_sm = 5;
+  // Batch bucket 4 (8 blocks per partition), band (2048, 4096]: kAuto's P is 256 (L = 2048 allows 8).
+  const BucketPlan before = plan_buckets(c)[2 * 4 + 3];
+  ASSERT_EQ(before.batch, 4);
+  ASSERT_EQ(before.band_hi, 4096);
+  ASSERT_EQ(before.partition_size, 256);
+  int calls = 0;
+  c.measure_clock = [&](const BucketPlan& b, const PlanCandidate& cand) {
+    ++calls;
+    EXPECT_EQ(b.batch, 4);
+    return by_candidate(b, cand, 50.0, 30.0, 20.0, 10.0, 256);  // twice kAuto's P is fastest
+  };
+  Executor ex(c);
+  w.set_lens({3000, 4000, 2500});
+  w.fill_step(ex);
+  const StepResult r = ex.step(w.inputs());
+  EXPECT_TRUE(r.measured);
+  EXPECT_TRUE(r.captured);
+  EXPECT_EQ(calls, 3);  // V1, 256, 512 (128 is below the minimum partition)
+  const BucketPlan& p = ex.plan_for(r);
+  EXPECT_EQ(p.reason, PlanReason::kMeasuredFastest);
+  EXPECT_EQ(p.kernel, KernelKind::kV2);
+  EXPECT_EQ(p.partition_size, 512);
+  EXPECT_EQ(r.partition_size, 512);
+  ASSERT_EQ(p.candidates.size(), 3u);
+  EXPECT_EQ(p.candidates[0].us, 50.0);
+  EXPECT_EQ(p.candidates[1].us, 30.0);
+  EXPECT_EQ(p.candidates[2].us, 10.0);
+  EXPECT_NE(describe_reason(p).find("v2/P512 10.0 us"), std::string::npos) << describe_reason(p);
+  EXPECT_TRUE(w.check_layer(ex, 0));
+  EXPECT_TRUE(w.check_layer(ex, 1));
+  EXPECT_TRUE(w.check_appended(ex, 1));
+
+  w.set_lens({3100, 4001, 2600});  // same bucket: neither measured nor captured again
+  w.fill_step(ex);
+  const StepResult r2 = ex.step(w.inputs());
+  EXPECT_FALSE(r2.measured);
+  EXPECT_FALSE(r2.captured);
+  EXPECT_EQ(calls, 3);
+  EXPECT_TRUE(w.check_layer(ex, 0));
+  const ExecutorStats st = ex.stats();
+  EXPECT_EQ(st.measured_buckets, 1);
+  EXPECT_EQ(st.candidate_graphs, 3);
+  EXPECT_GE(st.measure_ms, 0.0);
+  EXPECT_EQ(st.undecided_buckets, st.buckets - 1);
+  EXPECT_EQ(st.total_captures, 1);
+}
+
+TEST(ExecutorHost, MeasuredBucketsWithTheSameLaunchShareAGraph) {
+  const AttentionSpec s = small_spec(DType::kFloat32);
+  World w(s, 1, 4, 2048, 67);
+  ExecutorConfig c = w.config(4, 2048);  // bands 512 1024 2048; threshold 8192: V1 may win everywhere
+  c.policy = KernelPolicy::kMeasured;
+  c.measure_clock = [](const BucketPlan& b, const PlanCandidate& cand) {
+    return by_candidate(b, cand, 1.0, 2.0, 3.0, 4.0, -1);  // V1 fastest
+  };
+  Executor ex(c);
+  int graph = -1;
+  for (int len : {300, 900, 1500}) {  // three bands of batch bucket 4
+    w.set_lens({len, 40, len - 7});
+    w.fill_step(ex);
+    const StepResult r = ex.step(w.inputs());
+    EXPECT_TRUE(r.measured) << len;
+    EXPECT_EQ(r.kernel, KernelKind::kV1);
+    EXPECT_EQ(r.captured, len == 300) << "the V1 graph of this batch bucket already exists";
+    if (graph < 0) graph = r.graph_id;
+    EXPECT_EQ(r.graph_id, graph);
+    EXPECT_TRUE(w.check_layer(ex, 0)) << len;
+  }
+  const ExecutorStats st = ex.stats();
+  ASSERT_EQ(st.graphs.size(), 1u);
+  EXPECT_EQ(st.graphs[0].buckets, 3);
+  EXPECT_EQ(st.graphs[0].band, 0);
+  EXPECT_EQ(st.graphs[0].last_band, 2);
+  EXPECT_EQ(st.graphs[0].replays, 3);
+  EXPECT_EQ(st.distinct_graphs, 1);
+  EXPECT_EQ(st.measured_buckets, 3);
+}
+
+// Under kUpFront, kMeasured times every bucket at construction on staged lengths of its own: the
+// candidates write nothing but executor memory (no KV append, no caller output, no step body).
+TEST(ExecutorHost, MeasuredUpFrontWritesNoCallerMemory) {
+  const AttentionSpec s = small_spec(DType::kBFloat16, KVLayout::kNHD);
+  World w(s, 2, 4, 2048, 71);
+  ExecutorConfig c = w.config(4, 2048);
+  c.policy = KernelPolicy::kMeasured;
+  c.capture = CapturePolicy::kUpFront;
+  c.measure_replays = 1;
+  std::vector<dgtest::Buffer> outs;
+  for (int l = 0; l < 2; ++l) {
+    outs.push_back(dgtest::make_buffer(s.dtype, w.q_elems(4)));
+    dgtest::poison(s.dtype, outs.back().data(), w.q_elems(4));
+    c.layers[l].out = outs.back().data();
+  }
+  const std::vector<std::uint64_t> k0 = w.k[0].words, v1 = w.v[1].words, out0 = outs[0].words;
+  int body_calls = 0;
+  Executor ex(c, [&](StepContext& ctx) {
+    ++body_calls;
+    for (int l = 0; l < 2; ++l) {
+      ctx.append_kv(l);
+      ctx.attention(l);
+    }
+  });
+  const ExecutorStats st = ex.stats();
+  EXPECT_EQ(st.undecided_buckets, 0);
+  EXPECT_EQ(st.measured_buckets, st.buckets);
+  EXPECT_EQ(st.total_captures, st.distinct_graphs);
+  EXPECT_EQ(body_calls, st.distinct_graphs) << "the body runs once per graph, never for a candidate";
+  EXPECT_EQ(w.k[0].words, k0);
+  EXPECT_EQ(w.v[1].words, v1);
+  EXPECT_EQ(outs[0].words, out0) << "a candidate wrote the caller's output";
+  for (const BucketPlan& p : ex.plans()) EXPECT_EQ(p.reason, PlanReason::kMeasuredFastest);
+
+  w.set_lens({1000, 2000, 17});
+  w.fill_step(ex);
+  const StepResult r = ex.step(w.inputs());
+  EXPECT_FALSE(r.measured);
+  EXPECT_FALSE(r.captured);
+  EXPECT_TRUE(w.check_layer(ex, 0));
+  EXPECT_TRUE(w.check_layer(ex, 1));
+}
+
+TEST(ExecutorHost, FailedMeasurementLeavesTheBucketUnmeasuredAndUsable) {
+  const AttentionSpec s = small_spec();
+  World w(s, 1, 4, 1024, 73);
+  ExecutorConfig c = w.config(4, 1024);
+  c.policy = KernelPolicy::kMeasured;
+  c.measure_replays = 1;
+  Executor ex(c);
+  w.set_lens({600, 700});
+  for (fault::Site site : {fault::Site::kCaptureBegin, fault::Site::kInstantiate, fault::Site::kGraphLaunch}) {
+    {
+      fault::ScopedFault f(site);  // the first capture, instantiation or launch is a candidate's
+      w.fill_step(ex);
+      EXPECT_THROW(ex.step(w.inputs()), Error) << fault::to_string(site);
+    }
+    EXPECT_EQ(ex.plan_for_batch(2, 1).graph_id, -1) << fault::to_string(site);
+    EXPECT_EQ(ex.stats().measured_buckets, 0);
+    EXPECT_EQ(ex.stats().total_captures, 0);
+  }
+  w.fill_step(ex);
+  const StepResult r = ex.step(w.inputs());
+  EXPECT_TRUE(r.measured);
+  EXPECT_TRUE(r.captured);
+  EXPECT_TRUE(w.check_layer(ex, 0));
+  EXPECT_EQ(ex.stats().rejected_steps, 3);
+}
+
+// ---------------------------------------------------------------- graphs shared by buckets
+
+TEST(ExecutorHost, SharedGraphCapturesTheBodyOnceWithThePlanSpanningItsBuckets) {
+  const AttentionSpec s = small_spec();
+  World w(s, 1, 4, 2048, 79);
+  ExecutorConfig c = w.config(4, 2048);  // bands 512 1024 2048
+  c.v2_threshold = 1024;
+  c.policy = KernelPolicy::kThreshold;  // bands 0 and 1 run V1: one launch, sized for 1024
+  std::vector<BucketPlan> seen;
+  Executor ex(c, [&](StepContext& ctx) {
+    seen.push_back(ctx.plan());
+    ctx.append_kv(0);
+    ctx.attention(0);
+  });
+  ASSERT_EQ(ex.plan_for_batch(4, 0).graph_id, ex.plan_for_batch(4, 1).graph_id);
+  ASSERT_NE(ex.plan_for_batch(4, 1).graph_id, ex.plan_for_batch(4, 2).graph_id);
+  for (int len : {200, 1000, 400, 1500}) {
+    w.set_lens({len, 3, 77, len / 2});
+    w.fill_step(ex);
+    const StepResult r = ex.step(w.inputs());
+    EXPECT_EQ(r.captured, len == 200 || len == 1500) << len;
+    EXPECT_TRUE(w.check_layer(ex, 0)) << len;
+    EXPECT_TRUE(w.check_appended(ex, 0)) << len;
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].kernel, KernelKind::kV1);
+  EXPECT_EQ(seen[0].band, 0);
+  EXPECT_EQ(seen[0].band_lo, 0);
+  EXPECT_EQ(seen[0].band_hi, 1024);
+  EXPECT_EQ(seen[0].launch_len, 1024);
+  EXPECT_EQ(seen[1].kernel, KernelKind::kV2);
+  EXPECT_EQ(seen[1].band_lo, 1024);
+  EXPECT_EQ(seen[1].band_hi, 2048);
+  const ExecutorStats st = ex.stats();
+  EXPECT_EQ(st.total_captures, 2);
+  ASSERT_EQ(st.graphs.size(), 2u);
+  EXPECT_EQ(st.graphs[0].buckets, 2);
+  EXPECT_EQ(st.graphs[0].replays, 3);
+  EXPECT_EQ(st.graphs[0].band_lo, 0);
+  EXPECT_EQ(st.graphs[0].band_hi, 1024);
+  EXPECT_EQ(st.graphs[1].buckets, 1);
+}
+
 // ---------------------------------------------------------------- buckets and padding
 
 TEST(ExecutorHost, BatchAndBandBucketEdges) {
@@ -167,7 +418,7 @@ TEST(ExecutorHost, BatchAndBandBucketEdges) {
   for (auto [n, bucket] : batch_cases) {
     w.set_lens(random_lens(w.rng, n, 1, 100));
     w.fill_step(ex);
-    EXPECT_EQ(ex.step(w.inputs()).batch_bucket, bucket) << "num_seqs " << n;
+    EXPECT_EQ(ex.step(w.inputs()).bucket_batch_size, bucket) << "num_seqs " << n;
     EXPECT_TRUE(w.check_layer(ex, 0)) << "num_seqs " << n;
   }
   const std::vector<std::pair<int, int>> band_cases = {{1, 0}, {512, 0}, {513, 1}, {1024, 1}, {1025, 2}, {2048, 2}};
@@ -196,7 +447,7 @@ TEST(ExecutorHost, PaddedRowsGetLengthZeroAndStayUntouched) {
     std::memcpy(k_before.data(), w.k[0].data(), cache_bytes);
     std::memcpy(v_before.data(), w.v[0].data(), cache_bytes);
     const StepResult r = ex.step(w.inputs());
-    EXPECT_EQ(r.batch_bucket, bucket);
+    EXPECT_EQ(r.bucket_batch_size, bucket);
     EXPECT_TRUE(w.check_layer(ex, 0));
     EXPECT_TRUE(all_nan_rows(s, ex.output(0), n, bucket)) << "padded output rows were written";
     EXPECT_TRUE(w.check_appended(ex, 0));
@@ -228,7 +479,7 @@ TEST(ExecutorHost, UpFrontCapturesEverythingLazyCapturesOnFirstUse) {
   ExecutorConfig c = w.config(8, 1024);
   c.capture = CapturePolicy::kUpFront;
   Executor up(c);
-  const int n_plans = static_cast<int>(up.plans().size());
+  const int n_plans = up.stats().distinct_graphs;
   EXPECT_EQ(up.stats().total_captures, n_plans);
   c.capture = CapturePolicy::kLazy;
   Executor lazy(c);

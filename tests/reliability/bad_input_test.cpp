@@ -83,7 +83,11 @@ std::vector<ConfigCase> config_cases() {
       {"batch_buckets_zero", [](ExecutorConfig& c) { c.batch_buckets = {0, 4, 8}; }, {"batch_buckets", "0"}},
       {"partition_not_multiple", [](ExecutorConfig& c) { c.partition_size = 100; }, {"partition_size", "100"}},
       {"partition_negative", [](ExecutorConfig& c) { c.partition_size = -16; }, {"partition_size", "-16"}},
-      {"num_sms_negative", [](ExecutorConfig& c) { c.num_sms = -1; }, {"num_sms", "-1"}},
+      {"device_model_sms_negative", [](ExecutorConfig& c) { c.device_model.num_sms = -1; },
+       {"device_model.num_sms", "-1"}},
+      {"device_model_blocks_per_sm_too_many", [](ExecutorConfig& c) { c.device_model.blocks_per_sm = 100; },
+       {"device_model.blocks_per_sm", "100"}},
+      {"policy_out_of_range", [](ExecutorConfig& c) { c.policy = static_cast<KernelPolicy>(9); }, {"policy", "9"}},
       {"capture_out_of_range", [](ExecutorConfig& c) { c.capture = static_cast<CapturePolicy>(9); },
        {"capture", "9"}},
       {"backend_out_of_range", [](ExecutorConfig& c) { c.backend = static_cast<BackendKind>(9); },
@@ -187,7 +191,7 @@ TEST_P(StepBadInput, RejectedNothingRanThenValidStepCorrect) {
 
   const Inputs good = rig.random_inputs(7, 1, 1024);
   const StepResult r = ex.step(good.view());
-  EXPECT_EQ(r.batch_bucket, 8);
+  EXPECT_EQ(r.bucket_batch_size, 8);
   EXPECT_TRUE(rig.check_step(ex, good));
   EXPECT_EQ(ex.stats().steps, before.stats.steps + 1);
 }
