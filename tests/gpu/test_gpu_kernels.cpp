@@ -593,7 +593,7 @@ TEST(GpuKernels, LaunchFaultSeamAndWorkspaceCheck) {
       paged_attention_v1(dp.args, nullptr);
       ADD_FAILURE() << "injected launch fault not reported";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("PagedDecodeV1Kernel"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("PagedDecodeKernel (V1)"), std::string::npos) << e.what();
     }
   }
   {

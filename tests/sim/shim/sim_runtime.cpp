@@ -50,12 +50,20 @@ cudaError_t cudaMemset(void* d, int v, size_t n) { memset(d, v, n); return cudaS
 
 namespace sim {
 namespace {
+struct Copy {
+  void* dst;
+  const void* src;
+  int bytes;
+  long group;
+};
 struct Fiber {
   ucontext_t uc;
   jmp_buf jb;
   bool started = false, done = false;
   int tid = 0;
   char* stack = nullptr;
+  std::vector<Copy> copies;  // cp.async issued, not yet landed
+  long committed = 0;        // groups committed so far; the open group has this index
 };
 constexpr size_t kStack = 256 * 1024;
 std::vector<Fiber> fibers;
@@ -93,25 +101,30 @@ int order_mode() {
   return 0;
 }
 
-void yield() {
-  if (!_setjmp(cur->jb)) _longjmp(sched_jb, 1);
-}
-void trampoline() {
-  (*body)();
-  cur->done = true;
-  ++progress;
-  _longjmp(sched_jb, 1);
-}
 std::string where() {
   char b[160];
   snprintf(b, sizeof b, "block (%u,%u,%u) thread %u of %d", blockIdx.x, blockIdx.y, blockIdx.z,
            threadIdx.x, nthreads);
   return b;
 }
-float warp_op(int kind, unsigned mask, float v, int off) {
+void yield() {
+  if (!_setjmp(cur->jb)) _longjmp(sched_jb, 1);
+}
+void trampoline() {
+  (*body)();
+  if (!cur->copies.empty())
+    fail("thread exited with " + std::to_string(cur->copies.size()) +
+         " cp.async copies it never waited for (missing cp.async.wait_group) at " + where());
+  cur->done = true;
+  ++progress;
+  _longjmp(sched_jb, 1);
+}
+// kind 1: xor shuffle (arg = offset), 2: syncwarp, 3: indexed shuffle (arg = source lane within
+// segments of `width` lanes).
+float warp_op(int kind, unsigned mask, float v, int arg, int width = 32) {
   if (mask != 0xffffffffu) fail("warp op with a partial mask at " + where());
   if (nthreads % 32 != 0) fail("warp op in a partial warp at " + where());
-  if (off < 0 || off >= 32) fail("bad shuffle offset at " + where());
+  if (arg < 0 || arg >= 32) fail("bad shuffle offset or lane at " + where());
   const int tid = static_cast<int>(threadIdx.x);
   Warp& w = warps[tid / 32];
   const int lane = tid % 32;
@@ -128,7 +141,8 @@ float warp_op(int kind, unsigned mask, float v, int off) {
   } else {
     while (w.gen == g) yield();
   }
-  return w.snap[lane ^ off];
+  if (kind == 3) return w.snap[(lane & ~(width - 1)) | (arg & (width - 1))];
+  return w.snap[lane ^ arg];
 }
 }  // namespace
 
@@ -157,7 +171,7 @@ void check_range(const void* p, size_t n, const char* what) {
   if (it != g_allocs.begin()) {
     --it;
     if (a >= it->first && a + n <= it->first + it->second.n) {
-      if (a % n != 0) fail(std::string(what) + " misaligned at " + where());
+      if ((n & (n - 1)) == 0 && a % n != 0) fail(std::string(what) + " misaligned at " + where());
       return;
     }
   }
@@ -180,6 +194,48 @@ void syncthreads() {
 }
 void syncwarp(unsigned mask) { warp_op(2, mask, 0.0f, 0); }
 float shfl_xor(unsigned mask, float v, int off) { return warp_op(1, mask, v, off); }
+float shfl_idx(unsigned mask, float v, int src_lane, int width) { return warp_op(3, mask, v, src_lane, width); }
+
+void check_shared(const void* p, size_t n, const char* what) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (const auto& r : g_shared) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(r.first);
+    if (a >= b && a + n <= b + r.second) {
+      if (a % n != 0) fail(std::string(what) + " misaligned shared address at " + where());
+      return;
+    }
+  }
+  fail(std::string(what) + " outside every __shared__ array at " + where());
+}
+
+void cp_async(void* dst, const void* src, int src_bytes) {
+  if (src_bytes < 0 || src_bytes > 16) fail("cp.async with src-size " + std::to_string(src_bytes) + " at " + where());
+  check_shared(dst, 16, "cp.async destination");
+  if (src_bytes > 0) {
+    if (reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("cp.async source misaligned at " + where());
+    check_range(src, static_cast<size_t>(src_bytes), "cp.async source");
+  }
+  memset(dst, 0xff, 16);  // NaN until the group is waited for
+  cur->copies.push_back(Copy{dst, src, src_bytes, cur->committed});
+}
+
+void cp_async_commit() { ++cur->committed; }
+
+void cp_async_wait(int n) {
+  // Groups with index < committed - n have landed; the open (uncommitted) group is never waited.
+  const long done_below = cur->committed - n;
+  auto& cs = cur->copies;
+  size_t keep = 0;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    if (cs[i].group < done_below) {
+      if (cs[i].bytes > 0) memcpy(cs[i].dst, cs[i].src, static_cast<size_t>(cs[i].bytes));
+      memset(static_cast<char*>(cs[i].dst) + cs[i].bytes, 0, static_cast<size_t>(16 - cs[i].bytes));
+    } else {
+      cs[keep++] = cs[i];
+    }
+  }
+  cs.resize(keep);
+}
 
 void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem) {
   if (block.y != 1 || block.z != 1 || smem != 0) fail("simulator handles 1-D blocks without dynamic smem");
@@ -214,6 +270,8 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
       f.started = false;
       f.done = false;
       f.tid = t;
+      f.copies.clear();
+      f.committed = 0;
       getcontext(&f.uc);
       f.uc.uc_stack.ss_sp = f.stack;
       f.uc.uc_stack.ss_size = kStack;
