@@ -75,8 +75,10 @@ struct Pass1Policy {
   /// number makes each thread's chunk slots compile-time, so their geometry is computed once.
   static constexpr int kLoaderThreads = 128;
   static constexpr int kLoadsPerThread = (kTileChunks + kLoaderThreads - 1) / kLoaderThreads;  // per operand
-  /// Static shared memory: the stages plus the segment table (int64 byte offsets per stage).
-  static constexpr int kSmemBytes = kStages * kStageBytes + kStages * kMaxSegments * 8;
+  /// Static shared memory: the stages plus the segment table (block ids per stage).
+  static constexpr int kSmemBytes = kStages * kStageBytes + kStages * kMaxSegments * 4;
+  /// Alignment of the stage buffer: the math XORs compile-time terms (< 512 bytes) into addresses.
+  static constexpr int kStageAlign = 1024;
 
   static_assert(D % kVec == 0 && D % kChunkElems == 0, "head size must be whole chunks per lane");
   static_assert(is_pow2(kLanes) && kLanes >= 8 && kLanes <= 32, "rows are 8..32 lanes of one warp");
@@ -84,6 +86,7 @@ struct Pass1Policy {
   static_assert(kRowTokens <= kLanes, "the reduce-scatter leaves one token per lane");
   static_assert(is_pow2(kTileTokens) && kTileTokens >= 4 && kTileTokens <= 32, "tile of 4..32 tokens");
   static_assert((kTileChunks % 8) == 0, "swizzles permute within 128-byte lines");
+  static_assert((kTileChunks * 16) % 512 == 0, "K and V parts of a stage start 512-byte aligned");
   static_assert(kVGroups == 1 || kVGroups == 2 || kVGroups == 4, "vLLM V swizzle table");
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory must fit without the opt-in attribute");
 };
@@ -109,7 +112,7 @@ constexpr int pass1_threads_for(int group) { return 32 * cmax(4, pass1_heads_per
 
 /// NHD K and V: token-major, [token][chunk], unswizzled: reads and writes are both consecutive.
 template <class P>
-DG_HD int smem_pos_nhd(int token, int chunk) {
+DG_HD constexpr int smem_pos_nhd(int token, int chunk) {
   return token * P::kChunksPerToken + chunk;
 }
 
@@ -117,7 +120,7 @@ DG_HD int smem_pos_nhd(int token, int chunk) {
 /// order. Writes walk tokens of one chunk, reads walk chunks of one token: the line's chunk index
 /// is XORed with the chunk number.
 template <class P>
-DG_HD int smem_pos_vllm_k(int token, int chunk) {
+DG_HD constexpr int smem_pos_vllm_k(int token, int chunk) {
   constexpr int kShift = P::kTileTokens >= 8 ? ilog2(P::kTileTokens / 8) : 0;
   const int p = chunk * P::kTileTokens + token;
   return p ^ (((p >> 3) >> kShift) & 7);
@@ -127,7 +130,7 @@ DG_HD int smem_pos_vllm_k(int token, int chunk) {
 /// (a chunk is CE consecutive tokens of one d). Per (CE, groups per row) the XOR term spreads both
 /// the reads (eight lanes, eight d-rows CE apart) and the writes (consecutive d-rows).
 template <class P>
-DG_HD int smem_pos_vllm_v(int d, int group) {
+DG_HD constexpr int smem_pos_vllm_v(int d, int group) {
   constexpr int G = P::kVGroups;
   const int p = d * G + group;
   const int b = p >> 3;

@@ -1,6 +1,7 @@
 // The few device operations the kernels need beyond plain C++ and the CUDA intrinsics: asynchronous
 // 16-byte copies global -> shared (cp.async, sm_80+) with an L2 evict-first policy (K/V are read
-// once per step), their commit / wait groups, and 16-byte shared loads.
+// once per step), their commit / wait groups, and 16-byte shared loads through 32-bit shared
+// addresses (the swizzled layouts XOR them).
 //
 // Under the CPU simulator (tests/sim, which defines DECODEGRAPH_SIM) the same functions come from
 // the simulator's model in tests/sim/shim/sim_device_ops.hpp: copies are deferred to the matching
@@ -49,8 +50,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/// A shared-memory address as the hardware sees it (32 bits): cheap to add to and XOR with.
+using SmemAddr = uint32_t;
+__device__ __forceinline__ SmemAddr smem_addr(const void* p) {
+  return static_cast<SmemAddr>(__cvta_generic_to_shared(p));
+}
+
 /// 16-byte shared-memory load.
-__device__ __forceinline__ uint4 lds16(const void* src) { return *static_cast<const uint4*>(src); }
+__device__ __forceinline__ uint4 lds16(SmemAddr a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
 
 }  // namespace decodegraph::kernels::dev
 

@@ -75,7 +75,7 @@ struct TileLoader {
 
   const char* k_base;    // cache base + this KV head's offset inside a block
   const char* v_base;
-  int64_t block_bytes;   // one block of one layer (all KV heads)
+  uint32_t block_bytes;  // one block of one layer (all KV heads): < 4 GiB (kv_heads <= 65535: grid y)
   int token_bytes;       // NHD: between consecutive tokens of a block
   int block_size;
   int bs_log2;
@@ -88,13 +88,18 @@ struct TileLoader {
     bs_log2 = p.block_size_log2;
     bs_mask = p.block_size - 1;
     seg_log2 = bs_log2 < ilog2(NTOK) ? bs_log2 : ilog2(NTOK);
-    block_bytes = static_cast<int64_t>(p.block_size) * p.num_kv_heads * D * E;
+    block_bytes = static_cast<uint32_t>(p.block_size) * static_cast<uint32_t>(p.num_kv_heads) * (D * E);
     token_bytes = p.num_kv_heads * D * E;
     const int64_t head = kLayout == KVLayout::kNHD ? static_cast<int64_t>(kv_head) * D * E
                                                   : static_cast<int64_t>(kv_head) * D * p.block_size * E;
     k_base = static_cast<const char*>(p.k_cache) + head;
     v_base = static_cast<const char*>(p.v_cache) + head;
     policy = dev::evict_first_policy();
+  }
+
+  /// Byte offset of the block holding tile token t (ids are clamped, so non-negative).
+  __device__ __forceinline__ int64_t block(const int32_t* seg, int t) const {
+    return static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(seg[t >> seg_log2])) * block_bytes);
   }
 
   /// Segments (cache blocks) one tile touches.
@@ -107,24 +112,29 @@ struct TileLoader {
     return (b << bs_log2) < end ? __ldg(table + b) : 0;
   }
 
-  /// Byte offset of a block, its id clamped to [0, num_blocks); a clamped id is reported through
-  /// bad_block (first writer wins) as its flat table index + 1.
-  __device__ __forceinline__ int64_t block_offset(const DecodeParams& p, int32_t id, int seq, int tile_start,
-                                                  int s) const {
+  /// A block id clamped to [0, num_blocks). The first clamped id's table index (within the
+  /// sequence's row) + 1 goes to `bad` (0 = none); report_bad_block publishes it.
+  __device__ __forceinline__ static int32_t clamp_id(const DecodeParams& p, int32_t id, int index, int& bad) {
     if (id < 0 || id >= p.num_blocks) {
-      if (p.bad_block != nullptr) {
-        const int64_t flat = static_cast<int64_t>(seq) * p.block_table_stride + (tile_start >> bs_log2) + s + 1;
-        atomicCAS(p.bad_block, 0, flat < INT_MAX ? static_cast<int>(flat) : INT_MAX);
-      }
+      if (bad == 0) bad = index + 1;
       id = id < 0 ? 0 : p.num_blocks - 1;
     }
-    return static_cast<int64_t>(id) * block_bytes;
+    return id;
+  }
+  /// Table index of segment s of the tile at tile_start.
+  __device__ __forceinline__ int segment_index(int tile_start, int s) const { return (tile_start >> bs_log2) + s; }
+
+  /// Stores (seq * block_table_stride + index) + 1 of a clamped id into bad_block (first writer wins).
+  __device__ __forceinline__ static void report_bad_block(const DecodeParams& p, int seq, int bad) {
+    if (bad == 0 || p.bad_block == nullptr) return;
+    const int64_t flat = static_cast<int64_t>(seq) * p.block_table_stride + bad;
+    atomicCAS(p.bad_block, 0, flat < INT_MAX ? static_cast<int>(flat) : INT_MAX);
   }
 
   /// Issues the copies of tokens [tile_start, tile_start + NTOK) into the stage at sk / sv (byte
   /// pointers; chunks placed by decode_policy.hpp). Chunks of tokens at or past `end` are
-  /// zero-filled, never read. seg: the tile's block offsets (block_offset).
-  __device__ __forceinline__ void issue(char* sk, char* sv, const int64_t* seg, int tile_start, int end) const {
+  /// zero-filled, never read. seg: the tile's (clamped) block ids.
+  __device__ __forceinline__ void issue(char* sk, char* sv, const int32_t* seg, int tile_start, int end) const {
     const int tid = static_cast<int>(threadIdx.x);
     if (tid >= kThreads) return;
     const int t0 = tile_start & bs_mask;  // the tile's offset inside its first block (0 when TB = bs)
@@ -140,7 +150,7 @@ struct TileLoader {
         if (kEven || q < P::kTileChunks) {
           const int t = q / CPT;
           const int c = q - t * CPT;
-          const int64_t off = seg[t >> seg_log2] + ((t & tb_mask) * token_bytes + c * 16);
+          const int64_t off = block(seg, t) + ((t & tb_mask) * token_bytes + c * 16);
           const int src = t < left ? 16 : 0;
           dev::cp_async_16(sk + q * 16, kb + off, src, policy);
           dev::cp_async_16(sv + q * 16, vb + off, src, policy);
@@ -157,7 +167,7 @@ struct TileLoader {
           const int c = r % CPT;
           const int tt = q & tb_mask;
           const int t = ((r / CPT) << seg_log2) | tt;
-          const int64_t off = seg[t >> seg_log2] + ((c << bs_log2) + tt) * 16;
+          const int64_t off = block(seg, t) + ((c << bs_log2) + tt) * 16;
           dev::cp_async_16(sk + smem_pos_vllm_k<P>(t, c) * 16, kb + off, t < left ? 16 : 0, policy);
         }
       }
@@ -173,10 +183,9 @@ struct TileLoader {
           const int d = r % D;
           const int gs = q & gps_mask;
           const int t = ((r / D) << seg_log2) | (gs * CE);
-          const int64_t off = seg[t >> seg_log2] + (d * block_size * E + gs * 16);
-          const int n = left - t;
-          dev::cp_async_16(sv + smem_pos_vllm_v<P>(d, t / CE) * 16, vb + off, n >= CE ? 16 : n > 0 ? n * E : 0,
-                           policy);
+          const int64_t off = block(seg, t) + (d * block_size * E + gs * 16);
+          const int n = cmin(cmax(left - t, 0), CE);  // tokens of this chunk that exist
+          dev::cp_async_16(sv + smem_pos_vllm_v<P>(d, t / CE) * 16, vb + off, n * E, policy);
         }
       }
     }
@@ -203,11 +212,15 @@ struct CudaCoreMath {
   float acc[KC][CE];
   float m;
   float l;  // this lane's share until finish(); then the row's total
-  float scale;
-  float slope;
+  float scale2;  // scale * log2(e): logits are kept in base 2 (decode_math.hpp)
+  float slope2;  // ALiBi slope * log2(e)
   int len;
   int j;  // lane within the row
   int z;  // row (token slice) within the warp
+  // Byte offsets, inside a stage's K / V part, of this lane's first read (token z*NR, chunk j);
+  // every other read is that XOR / plus a compile-time term (k_addr / v_addr).
+  int k_lane;
+  int v_lane;
 
   /// Token (of the row's NR) whose full dot a lane holds after the reduce-scatter: the reversed
   /// bits of the lane's low log2(NR) bits (the scatter halves along offsets 1, 2, 4, ...). Its own
@@ -221,15 +234,43 @@ struct CudaCoreMath {
 
   __device__ __forceinline__ bool lane_chunk_valid(int c) const { return kAllLanesActive || c < CPT; }
 
+  // Shared-memory addresses of the reads, split into a per-lane base (k_lane / v_lane, computed
+  // once) and compile-time terms: NHD adds (an immediate offset of the load), the swizzled vLLM
+  // layouts XOR the low bits (one LOP per load). tests/kernels/test_smem_layout.cpp checks the split
+  // against decode_policy.hpp's layout functions for every lane.
+  /// K chunk j + k*L of token z*NR + i.
+  __device__ __forceinline__ dev::SmemAddr k_addr(dev::SmemAddr base, int i, int k) const {
+    if constexpr (kLayout == KVLayout::kNHD)
+      return base + (i * CPT + k * L) * 16;
+    else
+      return ((base ^ (i << 4)) + k * (L * P::kTileTokens * 16));
+  }
+  /// NHD V: chunk j + k*L of token z*NR + i.
+  __device__ __forceinline__ dev::SmemAddr v_addr_nhd(dev::SmemAddr base, int i, int k) const {
+    return base + (i * CPT + k * L) * 16;
+  }
+  /// vLLM V: d = (j + k*L) * CE + e, token group z*NR/CE + g.
+  __device__ __forceinline__ dev::SmemAddr v_addr_vllm(dev::SmemAddr base, int g, int k, int e) const {
+    return (base ^ (vllm_v_xor(e, g) << 4)) + k * (L * CE * P::kVGroups * 16);
+  }
+  static constexpr int vllm_v_xor(int e, int g) { return smem_pos_vllm_v<P>(e, g) ^ smem_pos_vllm_v<P>(0, 0); }
+
   __device__ __forceinline__ void init(const DecodeParams& p, int seq, int q_head, int seq_len) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     j = lane % L;
     z = lane / L;
     len = seq_len;
-    scale = p.scale;
-    slope = p.alibi_slopes != nullptr ? p.alibi_slopes[q_head] : 0.0f;
+    scale2 = p.scale * math::kLog2e;
+    slope2 = (p.alibi_slopes != nullptr ? p.alibi_slopes[q_head] : 0.0f) * math::kLog2e;
     m = math::neg_inf();
     l = 0.0f;
+    if constexpr (kLayout == KVLayout::kNHD) {
+      k_lane = smem_pos_nhd<P>(z * NR, j) * 16;
+      v_lane = k_lane;
+    } else {
+      k_lane = smem_pos_vllm_k<P>(z * NR, j) * 16;
+      v_lane = smem_pos_vllm_v<P>(j * CE, z * NR / CE) * 16;
+    }
     const T* qrow = static_cast<const T*>(p.q) + seq * p.q_stride + static_cast<int64_t>(q_head) * D;
 #pragma unroll
     for (int k = 0; k < KC; ++k) {
@@ -240,18 +281,12 @@ struct CudaCoreMath {
     }
   }
 
-  /// Byte offset of K chunk c of tile token t in a stage.
-  __device__ __forceinline__ static int k_off(int t, int c) {
-    if constexpr (kLayout == KVLayout::kNHD)
-      return smem_pos_nhd<P>(t, c) * 16;
-    else
-      return smem_pos_vllm_k<P>(t, c) * 16;
-  }
-
   /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state.
-  /// sk / sv: the stage's K and V (byte pointers).
-  __device__ __forceinline__ void consume(const char* sk, const char* sv, int tile_start, int end) {
+  /// sk / sv: shared addresses of the stage's K and V parts (kStageAlign-aligned).
+  __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
     const int t0 = z * NR;
+    const dev::SmemAddr kb = sk + k_lane;
+    const dev::SmemAddr vb = sv + v_lane;
 
     // q . k for the row's NR tokens, over this lane's chunks.
     float dot[NR];
@@ -260,10 +295,9 @@ struct CudaCoreMath {
       float d = 0.0f;
 #pragma unroll
       for (int k = 0; k < KC; ++k) {
-        const int c = j + k * L;
-        if (lane_chunk_valid(c)) {
+        if (lane_chunk_valid(j + k * L)) {
           float kv[CE];
-          Conv::unpack(dev::lds16(sk + k_off(t0 + i, c)), kv);
+          Conv::unpack(dev::lds16(k_addr(kb, i, k)), kv);
 #pragma unroll
           for (int e = 0; e < CE; ++e) d = fmaf(q[k][e], kv[e], d);
         }
@@ -291,12 +325,12 @@ struct CudaCoreMath {
 
     // Logit of this lane's token, the tile max over the row, the online-softmax update.
     const int pos = tile_start + t0 + owner(j & (NR - 1));
-    const float s = pos < end ? math::logit(dot[0], scale, slope, pos, len) : math::neg_inf();
+    const float s = pos < end ? math::logit(dot[0], scale2, slope2, pos, len) : math::neg_inf();
     float tile_max = s;
 #pragma unroll
     for (int o = 1; o < NR; o *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, o));
-    const float f = math::online_rescale(m, l, tile_max);
-    const float w = math::exp_shifted(s, m);
+    const float f = math::online_rescale2(m, l, tile_max);
+    const float w = math::exp2_shifted(s, m);
     l += w;
 #pragma unroll
     for (int k = 0; k < KC; ++k)
@@ -310,10 +344,9 @@ struct CudaCoreMath {
         const float pi = __shfl_sync(kFullMask, w, owner(i), L);
 #pragma unroll
         for (int k = 0; k < KC; ++k) {
-          const int c = j + k * L;
-          if (lane_chunk_valid(c)) {
+          if (lane_chunk_valid(j + k * L)) {
             float vv[CE];
-            Conv::unpack(dev::lds16(sv + smem_pos_nhd<P>(t0 + i, c) * 16), vv);
+            Conv::unpack(dev::lds16(v_addr_nhd(vb, i, k)), vv);
 #pragma unroll
             for (int e = 0; e < CE; ++e) acc[k][e] = fmaf(pi, vv[e], acc[k][e]);
           }
@@ -326,15 +359,13 @@ struct CudaCoreMath {
         float pk[CE];
 #pragma unroll
         for (int i = 0; i < CE; ++i) pk[i] = __shfl_sync(kFullMask, w, owner(g * CE + i), L);
-        const int group = t0 / CE + g;
 #pragma unroll
         for (int k = 0; k < KC; ++k) {
-          const int c = j + k * L;
-          if (lane_chunk_valid(c)) {
+          if (lane_chunk_valid(j + k * L)) {
 #pragma unroll
             for (int e = 0; e < CE; ++e) {
               float vv[CE];
-              Conv::unpack(dev::lds16(sv + smem_pos_vllm_v<P>(c * CE + e, group) * 16), vv);
+              Conv::unpack(dev::lds16(v_addr_vllm(vb, g, k, e)), vv);
 #pragma unroll
               for (int i = 0; i < CE; ++i) acc[k][e] = fmaf(pk[i], vv[i], acc[k][e]);
             }
@@ -353,7 +384,7 @@ struct CudaCoreMath {
     for (int o = L; o < 32; o *= 2) {
       const float mo = __shfl_xor_sync(kFullMask, m, o);
       const float lo = __shfl_xor_sync(kFullMask, l, o);
-      const math::MergeFactors mf = math::merge_factors(m, mo);
+      const math::MergeFactors mf = math::merge_factors2(m, mo);
       l = l * mf.fa + lo * mf.fb;
 #pragma unroll
       for (int k = 0; k < KC; ++k)
@@ -372,7 +403,7 @@ struct CudaCoreMath {
     if (p.write_partials) {
       const int64_t idx = math::partial_index(seq, q_head, part, p.num_q_heads, p.max_partitions);
       if (j == 0) {
-        p.max_logits[idx] = m;
+        p.max_logits[idx] = m * math::kLn2;  // back to natural logits for the merge
         p.exp_sums[idx] = l;
       }
       float* dst = p.partial_out + idx * D;
@@ -415,8 +446,8 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   constexpr int NSEG = P::kMaxSegments;
   constexpr int kStageChunks = 2 * P::kTileChunks;
 
-  __shared__ uint4 s_stages[S * kStageChunks];
-  __shared__ int64_t s_seg[S * NSEG];
+  __shared__ __align__(P::kStageAlign) uint4 s_stages[S * kStageChunks];
+  __shared__ int32_t s_seg[S * NSEG];
   char* const stages = reinterpret_cast<char*>(s_stages);
 
   const int part = blockIdx.x;
@@ -455,10 +486,11 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 
   // Prologue: segment offsets of tiles 0 .. S-1, then tiles 0 .. S-2 in flight (one group each,
   // empty groups included, so that group counting is the same for every thread and length).
+  int bad = 0;  // first clamped block id seen by this thread (index + 1), reported at the end
   if (tid < nseg) {
     for (int t = 0; t < S && t < ntiles; ++t) {
       const int ts = start + t * NTOK;
-      s_seg[(t % S) * NSEG + tid] = loader.block_offset(p, loader.load_id(table, ts, end, tid), seq, ts, tid);
+      s_seg[(t % S) * NSEG + tid] = loader.clamp_id(p, loader.load_id(table, ts, end, tid), loader.segment_index(ts, tid), bad);
     }
   }
   __syncthreads();
@@ -479,9 +511,10 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
     const int tf = t + S;
     const bool fetch = tid < nseg && tf < ntiles;
     const int32_t id = fetch ? loader.load_id(table, start + tf * NTOK, end, tid) : 0;
-    if (head_valid) math.consume(stage_k(t), stage_v(t), start + t * NTOK, end);
-    if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.block_offset(p, id, seq, start + tf * NTOK, tid);
+    if (head_valid) math.consume(dev::smem_addr(stage_k(t)), dev::smem_addr(stage_v(t)), start + t * NTOK, end);
+    if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.clamp_id(p, id, loader.segment_index(start + tf * NTOK, tid), bad);
   }
+  TileLoader<T, D, kLayout>::report_bad_block(p, seq, bad);
 
   if (!head_valid) return;  // no barrier below
   math.finish();
@@ -491,7 +524,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 // ---------------------------------------------------------------- kernel
 
 template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
-__global__ void __launch_bounds__(Pass1Policy<sizeof(T), D>::kMaxThreads)
+__global__ void __launch_bounds__(Pass1Policy<sizeof(T), D>::kMaxThreads, 1)
     PagedDecodeKernel(const __grid_constant__ DecodeParams p) {
   paged_decode_body<T, D, kLayout, Math>(p);
 }

@@ -26,7 +26,13 @@ inline void cp_async_wait() {
   sim::cp_async_wait(N);
 }
 
-inline uint4 lds16(const void* src) {
+// A host address: XORing its low bits moves within an aligned block exactly as on the device, as
+// long as the __shared__ array is as aligned as the kernel declares (alignas survives the transform).
+using SmemAddr = uintptr_t;
+inline SmemAddr smem_addr(const void* p) { return reinterpret_cast<SmemAddr>(p); }
+
+inline uint4 lds16(SmemAddr a) {
+  const void* src = reinterpret_cast<const void*>(a);
   sim::check_shared(src, 16, "lds16");
   uint4 v;
   std::memcpy(&v, src, sizeof v);
