@@ -145,4 +145,70 @@ DG_HD constexpr int smem_pos_vllm_v(int d, int group) {
   return p ^ (f & 7);
 }
 
+// ---------------------------------------------------------------- the loader's chunks
+// Chunk q (0 .. kTileChunks) of one operand of a tile, in the order the loader walks the cache
+// pages (consecutive q = consecutive 16 bytes of global memory within a page row). seg_log2 =
+// log2(min(block_size, kTileTokens)): the tile's tokens per cache block.
+
+struct TileChunk {
+  int token;  // first token (inside the tile) the chunk holds
+  int index;  // NHD / vLLM K: the chunk of the token's row; vLLM V: the head-dimension element d
+};
+/// NHD K and V: [token][chunk] pages; q is already the shared-memory position.
+template <class P>
+DG_HD constexpr TileChunk loader_chunk_nhd(int q) {
+  return TileChunk{q / P::kChunksPerToken, q % P::kChunksPerToken};
+}
+/// vLLM K: a segment is [chunk][token of the segment].
+template <class P>
+DG_HD constexpr TileChunk loader_chunk_vllm_k(int q, int seg_log2) {
+  const int r = q >> seg_log2;
+  return TileChunk{((r / P::kChunksPerToken) << seg_log2) | (q & ((1 << seg_log2) - 1)), r % P::kChunksPerToken};
+}
+/// vLLM V: a segment is [d][chunk of CE tokens].
+template <class P, int D>
+DG_HD constexpr TileChunk loader_chunk_vllm_v(int q, int seg_log2) {
+  const int gps_log2 = seg_log2 - ilog2(P::kChunkElems);  // chunks per d-row per segment
+  const int r = q >> gps_log2;
+  return TileChunk{((r / D) << seg_log2) | ((q & ((1 << gps_log2) - 1)) * P::kChunkElems), r % D};
+}
+
+// ---------------------------------------------------------------- the math's read addresses
+// The math reads K chunk j + k*L of token z*NR + i, and (vLLM V) d-row (j + k*L)*CE + e of token
+// group z*NR/CE + g. Each read's byte address is a per-lane base (computed once, *_read_base) and a
+// compile-time term: added for NHD (an immediate offset of the load), XORed into the low bits for
+// the swizzled vLLM layouts (one LOP per load; the stage is kStageAlign-aligned, so the XOR stays
+// inside it). The identities behind these are checked for every lane in test_smem_layout.cpp.
+
+/// Byte offset, inside a stage's K part, of lane (z, j)'s first K read (token z*NR, chunk j).
+template <class P, KVLayout kLayout>
+DG_HD constexpr int k_read_base(int z, int j) {
+  return 16 * (kLayout == KVLayout::kNHD ? smem_pos_nhd<P>(z * P::kRowTokens, j)
+                                         : smem_pos_vllm_k<P>(z * P::kRowTokens, j));
+}
+/// Address of K chunk j + k*L of token z*NR + i, from base = stage K address + k_read_base.
+/// (A: the address type, 32-bit shared addresses on the GPU, host addresses under the simulator.)
+template <class P, KVLayout kLayout, class A>
+DG_HD constexpr A k_read(A base, int i, int k) {
+  if (kLayout == KVLayout::kNHD) return base + static_cast<A>(16 * (i * P::kChunksPerToken + k * P::kLanes));
+  return (base ^ (static_cast<A>(i) << 4)) + static_cast<A>(16 * k * P::kLanes * P::kTileTokens);
+}
+/// Byte offset, inside a stage's V part, of lane (z, j)'s first V read.
+template <class P, KVLayout kLayout>
+DG_HD constexpr int v_read_base(int z, int j) {
+  return 16 * (kLayout == KVLayout::kNHD ? smem_pos_nhd<P>(z * P::kRowTokens, j)
+                                         : smem_pos_vllm_v<P>(j * P::kChunkElems, z * P::kRowTokens / P::kChunkElems));
+}
+/// NHD: address of V chunk j + k*L of token z*NR + i.
+template <class P, class A>
+DG_HD constexpr A v_read_nhd(A base, int i, int k) {
+  return base + static_cast<A>(16 * (i * P::kChunksPerToken + k * P::kLanes));
+}
+/// vLLM: address of V d-row (j + k*L)*CE + e, token group z*NR/CE + g.
+template <class P, class A>
+DG_HD constexpr A v_read_vllm(A base, int g, int k, int e) {
+  const int x = smem_pos_vllm_v<P>(e, g) ^ smem_pos_vllm_v<P>(0, 0);
+  return (base ^ (static_cast<A>(x) << 4)) + static_cast<A>(16 * k * P::kLanes * P::kChunkElems * P::kVGroups);
+}
+
 }  // namespace decodegraph::kernels

@@ -148,9 +148,9 @@ struct TileLoader {
       for (int u = 0; u < U; ++u) {
         const int q = tid + u * kThreads;
         if (kEven || q < P::kTileChunks) {
-          const int t = q / CPT;
-          const int c = q - t * CPT;
-          const int64_t off = block(seg, t) + ((t & tb_mask) * token_bytes + c * 16);
+          const TileChunk ch = loader_chunk_nhd<P>(q);
+          const int t = ch.token;
+          const int64_t off = block(seg, t) + ((t & tb_mask) * token_bytes + ch.index * 16);
           const int src = t < left ? 16 : 0;
           dev::cp_async_16(sk + q * 16, kb + off, src, policy);
           dev::cp_async_16(sv + q * 16, vb + off, src, policy);
@@ -163,27 +163,22 @@ struct TileLoader {
       for (int u = 0; u < U; ++u) {
         const int q = tid + u * kThreads;
         if (kEven || q < P::kTileChunks) {
-          const int r = q >> seg_log2;
-          const int c = r % CPT;
-          const int tt = q & tb_mask;
-          const int t = ((r / CPT) << seg_log2) | tt;
-          const int64_t off = block(seg, t) + ((c << bs_log2) + tt) * 16;
-          dev::cp_async_16(sk + smem_pos_vllm_k<P>(t, c) * 16, kb + off, t < left ? 16 : 0, policy);
+          const TileChunk ch = loader_chunk_vllm_k<P>(q, seg_log2);
+          const int t = ch.token;
+          const int64_t off = block(seg, t) + ((ch.index << bs_log2) + (t & tb_mask)) * 16;
+          dev::cp_async_16(sk + smem_pos_vllm_k<P>(t, ch.index) * 16, kb + off, t < left ? 16 : 0, policy);
         }
       }
       // V: the page is [d][token in block]; a chunk is CE consecutive tokens of one d.
       const char* vb = v_base + t0 * E;
-      const int gps_log2 = seg_log2 - ilog2(CE);  // chunks per d-row per segment
-      const int gps_mask = (1 << gps_log2) - 1;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int q = tid + u * kThreads;
         if (kEven || q < P::kTileChunks) {
-          const int r = q >> gps_log2;
-          const int d = r % D;
-          const int gs = q & gps_mask;
-          const int t = ((r / D) << seg_log2) | (gs * CE);
-          const int64_t off = block(seg, t) + (d * block_size * E + gs * 16);
+          const TileChunk ch = loader_chunk_vllm_v<P, D>(q, seg_log2);
+          const int t = ch.token;
+          const int d = ch.index;
+          const int64_t off = block(seg, t) + (d * block_size + (t & tb_mask)) * E;
           const int n = cmin(cmax(left - t, 0), CE);  // tokens of this chunk that exist
           dev::cp_async_16(sv + smem_pos_vllm_v<P>(d, t / CE) * 16, vb + off, n * E, policy);
         }
@@ -218,7 +213,7 @@ struct CudaCoreMath {
   int j;  // lane within the row
   int z;  // row (token slice) within the warp
   // Byte offsets, inside a stage's K / V part, of this lane's first read (token z*NR, chunk j);
-  // every other read is that XOR / plus a compile-time term (k_addr / v_addr).
+  // every other read is that plus / XOR a compile-time term (decode_policy.hpp: k_read, v_read_*).
   int k_lane;
   int v_lane;
 
@@ -234,27 +229,6 @@ struct CudaCoreMath {
 
   __device__ __forceinline__ bool lane_chunk_valid(int c) const { return kAllLanesActive || c < CPT; }
 
-  // Shared-memory addresses of the reads, split into a per-lane base (k_lane / v_lane, computed
-  // once) and compile-time terms: NHD adds (an immediate offset of the load), the swizzled vLLM
-  // layouts XOR the low bits (one LOP per load). tests/kernels/test_smem_layout.cpp checks the split
-  // against decode_policy.hpp's layout functions for every lane.
-  /// K chunk j + k*L of token z*NR + i.
-  __device__ __forceinline__ dev::SmemAddr k_addr(dev::SmemAddr base, int i, int k) const {
-    if constexpr (kLayout == KVLayout::kNHD)
-      return base + (i * CPT + k * L) * 16;
-    else
-      return ((base ^ (i << 4)) + k * (L * P::kTileTokens * 16));
-  }
-  /// NHD V: chunk j + k*L of token z*NR + i.
-  __device__ __forceinline__ dev::SmemAddr v_addr_nhd(dev::SmemAddr base, int i, int k) const {
-    return base + (i * CPT + k * L) * 16;
-  }
-  /// vLLM V: d = (j + k*L) * CE + e, token group z*NR/CE + g.
-  __device__ __forceinline__ dev::SmemAddr v_addr_vllm(dev::SmemAddr base, int g, int k, int e) const {
-    return (base ^ (vllm_v_xor(e, g) << 4)) + k * (L * CE * P::kVGroups * 16);
-  }
-  static constexpr int vllm_v_xor(int e, int g) { return smem_pos_vllm_v<P>(e, g) ^ smem_pos_vllm_v<P>(0, 0); }
-
   __device__ __forceinline__ void init(const DecodeParams& p, int seq, int q_head, int seq_len) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     j = lane % L;
@@ -264,13 +238,8 @@ struct CudaCoreMath {
     slope2 = (p.alibi_slopes != nullptr ? p.alibi_slopes[q_head] : 0.0f) * math::kLog2e;
     m = math::neg_inf();
     l = 0.0f;
-    if constexpr (kLayout == KVLayout::kNHD) {
-      k_lane = smem_pos_nhd<P>(z * NR, j) * 16;
-      v_lane = k_lane;
-    } else {
-      k_lane = smem_pos_vllm_k<P>(z * NR, j) * 16;
-      v_lane = smem_pos_vllm_v<P>(j * CE, z * NR / CE) * 16;
-    }
+    k_lane = k_read_base<P, kLayout>(z, j);
+    v_lane = v_read_base<P, kLayout>(z, j);
     const T* qrow = static_cast<const T*>(p.q) + seq * p.q_stride + static_cast<int64_t>(q_head) * D;
 #pragma unroll
     for (int k = 0; k < KC; ++k) {
@@ -297,7 +266,7 @@ struct CudaCoreMath {
       for (int k = 0; k < KC; ++k) {
         if (lane_chunk_valid(j + k * L)) {
           float kv[CE];
-          Conv::unpack(dev::lds16(k_addr(kb, i, k)), kv);
+          Conv::unpack(dev::lds16(k_read<P, kLayout>(kb, i, k)), kv);
 #pragma unroll
           for (int e = 0; e < CE; ++e) d = fmaf(q[k][e], kv[e], d);
         }
@@ -346,7 +315,7 @@ struct CudaCoreMath {
         for (int k = 0; k < KC; ++k) {
           if (lane_chunk_valid(j + k * L)) {
             float vv[CE];
-            Conv::unpack(dev::lds16(v_addr_nhd(vb, i, k)), vv);
+            Conv::unpack(dev::lds16(v_read_nhd<P>(vb, i, k)), vv);
 #pragma unroll
             for (int e = 0; e < CE; ++e) acc[k][e] = fmaf(pi, vv[e], acc[k][e]);
           }
@@ -365,7 +334,7 @@ struct CudaCoreMath {
 #pragma unroll
             for (int e = 0; e < CE; ++e) {
               float vv[CE];
-              Conv::unpack(dev::lds16(v_addr_vllm(vb, g, k, e)), vv);
+              Conv::unpack(dev::lds16(v_read_vllm<P>(vb, g, k, e)), vv);
 #pragma unroll
               for (int i = 0; i < CE; ++i) acc[k][e] = fmaf(pk[i], vv[i], acc[k][e]);
             }
