@@ -35,6 +35,11 @@ constexpr bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 // ---------------------------------------------------------------- policy
 
+/// Register cap of the pass-1 kernel (__maxnreg__). 80 keeps every instantiation spill-free (ptxas
+/// left alone takes 70-96 for bf16) and costs no occupancy where it matters: at <= 4 warps shared
+/// memory limits a block to 6 per SM anyway, and 8 warps fit 3 per SM at 72 as at 80. 64 spills.
+inline constexpr int kPass1MaxRegisters = 80;
+
 /// Pass-1 policy for element size kElemBytes (2: fp16/bf16, 4: fp32) and head size D.
 /// Untuned on hardware (no GPU was available): the values follow the design in docs/kernels.md.
 template <int kElemBytes, int D>
@@ -71,6 +76,7 @@ struct Pass1Policy {
   /// Query heads (warps) one block serves at most; larger GQA groups split into head chunks.
   static constexpr int kMaxHeadsPerBlock = 16;
   static constexpr int kMaxThreads = 32 * kMaxHeadsPerBlock;
+  static constexpr int kMaxRegisters = kPass1MaxRegisters;
   /// Threads that issue the copies: the first four warps (a block has at least four). A fixed
   /// number makes each thread's chunk slots compile-time, so their geometry is computed once.
   static constexpr int kLoaderThreads = 128;

@@ -493,7 +493,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 // ---------------------------------------------------------------- kernel
 
 template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
-__global__ void __launch_bounds__(Pass1Policy<sizeof(T), D>::kMaxThreads, 1)
+__global__ void __maxnreg__(kPass1MaxRegisters)
     PagedDecodeKernel(const __grid_constant__ DecodeParams p) {
   paged_decode_body<T, D, kLayout, Math>(p);
 }

@@ -54,6 +54,7 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+#define __maxnreg__(...)
 
 extern uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
