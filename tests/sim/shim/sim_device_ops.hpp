@@ -4,7 +4,8 @@
 // is filled with NaN bytes at once, and the data lands only when the issuing thread waits for the
 // copy's group; so reading a stage before its wait and barrier, or overwriting one that another
 // thread still reads, turns the output into NaN. A thread that exits with copies it never waited
-// for fails the test. lds16 checks that it reads inside a __shared__ array.
+// for fails the test. lds16 checks that it reads inside a __shared__ array. Both report their
+// shared address to the bank-conflict model.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +17,11 @@ namespace decodegraph::kernels::dev {
 
 inline uint64_t evict_first_policy() { return 0; }  // no cache model: the hint is accepted and ignored
 
-inline void cp_async_16(void* dst, const void* src, int src_bytes, uint64_t /*policy*/) {
+// `site` (the caller's line) identifies the instruction for the bank-conflict check.
+inline void cp_async_16(void* dst, const void* src, int src_bytes, uint64_t /*policy*/,
+                        unsigned site = __builtin_LINE()) {
   sim::cp_async(dst, src, src_bytes);
+  sim::shared_access(dst, site);
 }
 inline void cp_async_commit() { sim::cp_async_commit(); }
 template <int N>
@@ -31,9 +35,10 @@ inline void cp_async_wait() {
 using SmemAddr = uintptr_t;
 inline SmemAddr smem_addr(const void* p) { return reinterpret_cast<SmemAddr>(p); }
 
-inline uint4 lds16(SmemAddr a) {
+inline uint4 lds16(SmemAddr a, unsigned site = __builtin_LINE()) {
   const void* src = reinterpret_cast<const void*>(a);
   sim::check_shared(src, 16, "lds16");
+  sim::shared_access(src, site);
   uint4 v;
   std::memcpy(&v, src, sizeof v);
   return v;

@@ -56,7 +56,14 @@ struct Copy {
   int bytes;
   long group;
 };
+struct Access {
+  unsigned site;
+  unsigned occurrence;  // how many accesses this thread made at `site` before, in this interval
+  uintptr_t addr;
+};
 struct Fiber {
+  std::vector<Access> accesses;                        // shared accesses since the last barrier
+  std::vector<std::pair<unsigned, unsigned>> by_site;  // site -> accesses so far in this interval
   ucontext_t uc;
   jmp_buf jb;
   bool started = false, done = false;
@@ -180,11 +187,91 @@ void check_range(const void* p, size_t n, const char* what) {
   fail(std::string(what) + " out of every allocation: " + b + " at " + where());
 }
 
+// ---------------------------------------------------------------- bank conflicts
+// Shared memory has 32 banks of 4 bytes; a warp's 16-byte accesses are served in four phases of 8
+// lanes, and a phase conflicts when two of its lanes touch different 16-byte chunks that fall in
+// the same group of 4 banks ((address / 16) % 8). Lanes reading the same chunk are one broadcast.
+// Threads run one at a time here, so a warp instruction is reconstructed as: the accesses its lanes
+// made at the same source line, the n-th of each lane's accesses there being instruction n. That is
+// only sound when every lane that reached the line did so equally often (the lanes ran converged);
+// lines where they did not (e.g. lanes idling for head sizes that are not powers of two) are not
+// judged. Checked whenever a block barrier completes and when a block ends.
+namespace {
+bool banks_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("DECODEGRAPH_SIM_BANKS");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+void check_banks() {
+  if (!banks_enabled()) return;
+  for (int w0 = 0; w0 < nthreads; w0 += 32) {
+    std::map<unsigned, std::map<int, unsigned>> count;  // site -> lane -> accesses
+    for (int t = w0; t < w0 + 32 && t < nthreads; ++t)
+      for (const auto& [site, n] : fibers[t].by_site) count[site][t - w0] = n;
+    for (const auto& [site, lanes] : count) {
+      const unsigned n = lanes.begin()->second;
+      bool converged = true;
+      for (const auto& [lane, c] : lanes) converged = converged && c == n;
+      if (!converged) continue;
+      // addr[occurrence][lane]
+      std::vector<std::vector<uintptr_t>> addr(n, std::vector<uintptr_t>(32, 0));
+      std::vector<bool> active(32, false);
+      for (const auto& [lane, c] : lanes) active[lane] = true;
+      for (int t = w0; t < w0 + 32 && t < nthreads; ++t)
+        for (const Access& a : fibers[t].accesses)
+          if (a.site == site) addr[a.occurrence][t - w0] = a.addr;
+      for (unsigned o = 0; o < n; ++o)
+        for (int p0 = 0; p0 < 32; p0 += 8) {
+          uintptr_t chunk_of_group[8];
+          int used[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          for (int l = p0; l < p0 + 8; ++l) {
+            if (!active[l]) continue;
+            const uintptr_t chunk = addr[o][l] / 16;
+            const int g = static_cast<int>(chunk % 8);
+            if (used[g] && chunk_of_group[g] != chunk) {
+              char b[200];
+              snprintf(b, sizeof b,
+                       "shared-memory bank conflict at line %u (access %u): lanes of warp %d read/write "
+                       "different 16-byte chunks in one bank group in block (%u,%u,%u)",
+                       site, o, w0 / 32, blockIdx.x, blockIdx.y, blockIdx.z);
+              fail(b);
+            }
+            used[g] = 1;
+            chunk_of_group[g] = chunk;
+          }
+        }
+    }
+  }
+  for (int t = 0; t < nthreads; ++t) {
+    fibers[t].accesses.clear();
+    fibers[t].by_site.clear();
+  }
+}
+}  // namespace
+
+void shared_access(const void* p, unsigned site) {
+  if (!banks_enabled()) return;
+  unsigned occurrence = 0;
+  bool found = false;
+  for (auto& [s, n] : cur->by_site)
+    if (s == site) {
+      occurrence = n++;
+      found = true;
+      break;
+    }
+  if (!found) cur->by_site.emplace_back(site, 1u);
+  cur->accesses.push_back(Access{site, occurrence, reinterpret_cast<uintptr_t>(p)});
+}
+
 void syncthreads() {
   const long g = bar_gen;
   ++bar_arrived;
   ++progress;
   if (bar_arrived == nthreads) {
+    check_banks();  // everyone's accesses before this barrier are recorded
     bar_arrived = 0;
     ++bar_gen;
     ++barriers_done;
@@ -275,6 +362,8 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
       f.tid = t;
       f.copies.clear();
       f.committed = 0;
+      f.accesses.clear();
+      f.by_site.clear();
       getcontext(&f.uc);
       f.uc.uc_stack.ss_sp = f.stack;
       f.uc.uc_stack.ss_size = kStack;
@@ -311,6 +400,7 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
       }
     }
     if (bar_arrived != 0) fail("block ended with threads at a barrier");
+    check_banks();
   }
 }
 }  // namespace sim

@@ -69,6 +69,10 @@ void fail(const std::string& msg);
 void register_shared(void* p, size_t n);
 // Fails unless [p, p + n) lies inside one registered __shared__ array and p is n-aligned.
 void check_shared(const void* p, size_t n, const char* what);
+// Bank-conflict model: records one 16-byte shared access (a load, or a cp.async destination) made at
+// source line `site`; accesses by the lanes of a warp at the same site and occurrence form one
+// warp instruction (see sim_runtime.cpp). On by default; DECODEGRAPH_SIM_BANKS=0 turns it off.
+void shared_access(const void* p, unsigned site);
 // cp.async model (per thread): issue, close the open group, wait until at most n groups are pending.
 void cp_async(void* dst, const void* src, int src_bytes);
 void cp_async_commit();
