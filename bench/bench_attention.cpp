@@ -7,6 +7,9 @@
 //   mode     eager_v1; eager_v2_p512, eager_v2_p1024, eager_v2_pauto (the executor's auto P);
 //            graph (Executor::step, attention-only) and graph_callback (the same work enqueued by a
 //            step body through StepContext::attention)
+//   kernel   new (the library's pass 1) for every mode; legacy (the pass 1 before the cp.async
+//            rewrite, kernels/legacy/, bf16/fp16 at head 128) for the eager modes, so old and new
+//            run side by side in one process (e.g. --benchmark_filter=context:32768/.*eager_v2_pauto)
 //
 // One iteration = one decode step over all layers. Timing: the stream is idle at the start of each
 // iteration; CUDA events bracket the step (for the graph modes that includes step()'s host work and
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "kernels/legacy/legacy.hpp"
 
 namespace dg = decodegraph;
 
@@ -198,8 +202,9 @@ struct Workload {
     return *slot;
   }
 
-  /// One decode step in `mode` using rotation r; enqueues only (no synchronisation).
-  void step(Mode mode, int r, int auto_p) {
+  /// One decode step in `mode` using rotation r (eager modes: the legacy pass 1 when `legacy`);
+  /// enqueues only (no synchronisation).
+  void step(Mode mode, int r, int auto_p, bool legacy) {
     if (mode == Mode::kGraph || mode == Mode::kGraphCallback) {
       dg::StepInputs in;
       in.num_seqs = combo.batch;
@@ -223,12 +228,15 @@ struct Workload {
       a.v_cache = v[l];
       a.block_tables = d_tables[r];
       a.seq_lens = d_lens;
-      switch (mode) {
-        case Mode::kEagerV1: dg::paged_attention_v1(a, stream); break;
-        case Mode::kEagerV2P512: dg::paged_attention_v2(a, 512, workspace, workspace_bytes, stream); break;
-        case Mode::kEagerV2P1024: dg::paged_attention_v2(a, 1024, workspace, workspace_bytes, stream); break;
-        default: dg::paged_attention_v2(a, auto_p, workspace, workspace_bytes, stream); break;
-      }
+      const int p = mode == Mode::kEagerV2P512 ? 512 : mode == Mode::kEagerV2P1024 ? 1024 : auto_p;
+      if (mode == Mode::kEagerV1 && legacy)
+        dg::legacy::paged_attention_v1(a, stream);
+      else if (mode == Mode::kEagerV1)
+        dg::paged_attention_v1(a, stream);
+      else if (legacy)
+        dg::legacy::paged_attention_v2(a, p, workspace, workspace_bytes, stream);
+      else
+        dg::paged_attention_v2(a, p, workspace, workspace_bytes, stream);
     }
   }
 
@@ -259,7 +267,7 @@ Workload* workload_for(const Combo& c) {
   return current.get();
 }
 
-void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode) {
+void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode, bool legacy) {
   if (!dg::cuda_device_available()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -300,14 +308,14 @@ void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode) {
   int r = 0;
   // Warm-up: captures the graph, touches every rotation once (up to 8).
   for (int i = 0; i < std::min(c.rotations, 8) + 2; ++i) {
-    w.step(mode, r, auto_p);
+    w.step(mode, r, auto_p, legacy);
     r = (r + 1) % c.rotations;
   }
   DGB_CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<double> us;
   for (auto _ : state) {
     DGB_CUDA_CHECK(cudaEventRecord(e0, s));
-    w.step(mode, r, auto_p);
+    w.step(mode, r, auto_p, legacy);
     DGB_CUDA_CHECK(cudaEventRecord(e1, s));
     DGB_CUDA_CHECK(cudaEventSynchronize(e1));
     float ms = 0;
@@ -324,13 +332,13 @@ void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode) {
   state.counters["read_bw_GBps"] = peak;
   state.counters["P"] = plan_p;
   state.counters["rotations"] = c.rotations;
-  state.SetLabel(dg::to_string(kernel));
+  state.SetLabel(std::string(dg::to_string(kernel)) + (legacy ? " legacy" : ""));
 }
 
 // A library Error (an unsupported shape, a failed launch) becomes an error row instead of ending the run.
-void BM_Attention(benchmark::State& state, Combo c, Mode mode) {
+void BM_Attention(benchmark::State& state, Combo c, Mode mode, bool legacy) {
   try {
-    BM_AttentionBody(state, c, mode);
+    BM_AttentionBody(state, c, mode, legacy);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -375,11 +383,16 @@ void register_all() {
             continue;
           }
           for (Mode m : modes) {
-            const std::string name = dgbench::strf("BM_Attention/model:%s/layers:%d/batch:%d/context:%d/mode:%s",
-                                                   model_name, layers, batch, context, mode_name(m));
-            benchmark::RegisterBenchmark(name.c_str(), BM_Attention, c, m)->UseManualTime()->Unit(
-                benchmark::kMicrosecond);
-            ++registered;
+            const bool eager = m != Mode::kGraph && m != Mode::kGraphCallback;
+            for (bool legacy : {false, true}) {
+              if (legacy && !(eager && dg::legacy::supports(spec))) continue;
+              const std::string name =
+                  dgbench::strf("BM_Attention/model:%s/layers:%d/batch:%d/context:%d/mode:%s/kernel:%s", model_name,
+                                layers, batch, context, mode_name(m), legacy ? "legacy" : "new");
+              benchmark::RegisterBenchmark(name.c_str(), BM_Attention, c, m, legacy)->UseManualTime()->Unit(
+                  benchmark::kMicrosecond);
+              ++registered;
+            }
           }
         }
       }

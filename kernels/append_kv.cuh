@@ -2,16 +2,18 @@
 //
 // What it computes. For token i with slot s = slot_mapping[i] >= 0: block s / block_size, offset
 // s % block_size; key[i] / value[i] ([kv_heads, head_size]) go to that (block, offset) of k_cache /
-// v_cache in the spec's layout. A negative slot (padding) is skipped.
+// v_cache in the spec's layout. A negative slot (padding) is skipped, and so is a slot at or past
+// num_blocks * block_size (never written out of bounds; validation with host_slot_mapping rejects
+// it). key / value rows are key_stride / value_stride elements apart (a fused QKV buffer).
 //
 // Mapping. One block per token; threads over the token's kv_heads x head_size/CE 16-byte chunks.
 // K (both layouts) and V (NHD) are stored as 16-byte vectors; V in the vLLM layout
 // ([blocks, kv_heads, head_size, block_size]) has the head dimension strided by block_size, so its
 // chunk is scattered element by element.
 //
-// Assumptions. Validated by the launcher (validate_append_args): 16-byte aligned tensors, supported
-// shapes. Slots are not range-checked on the device (only through host_slot_mapping); distinct
-// tokens are expected to map to distinct slots (as in vLLM), otherwise the winner is unspecified.
+// Assumptions. Validated by the launcher (validate_append_args): 16-byte aligned tensors and row
+// strides, supported shapes. Distinct tokens are expected to map to distinct slots (as in vLLM),
+// otherwise the winner is unspecified.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,15 +37,15 @@ __device__ __forceinline__ void append_kv_body(const AppendParams& p) {
   constexpr int CE = 16 / sizeof(T);
   const int token = blockIdx.x;
   const int64_t slot = p.slot_mapping[token];
-  if (slot < 0) return;  // padding token
+  if (slot < 0 || slot >= p.num_slots) return;  // padding token, or a slot outside the cache
   const int D = p.head_size;
   const int H = p.num_kv_heads;
   const int bs = p.block_size;
   const int64_t blk = slot / bs;
   const int off = static_cast<int>(slot % bs);
   const int per_head = D / CE;
-  const T* key = static_cast<const T*>(p.key) + static_cast<int64_t>(token) * H * D;
-  const T* value = static_cast<const T*>(p.value) + static_cast<int64_t>(token) * H * D;
+  const T* key = static_cast<const T*>(p.key) + token * p.key_stride;
+  const T* value = static_cast<const T*>(p.value) + token * p.value_stride;
   T* k_cache = static_cast<T*>(p.k_cache);
   T* v_cache = static_cast<T*>(p.v_cache);
 

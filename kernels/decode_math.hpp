@@ -48,6 +48,33 @@ DG_HD MergeFactors merge_factors(float ma, float mb) {
   return MergeFactors{m, exp_shifted(ma, m), exp_shifted(mb, m)};
 }
 
+// ---------------------------------------------------------------- base 2 (the CUDA kernels)
+// The pass-1 kernel keeps logits multiplied by log2(e), so that every weight is one exp2 (a single
+// MUFU.EX2 on the GPU) instead of expf's range reduction. Same conventions as above: -inf means
+// "nothing seen" and maps to weight 0, never NaN. Maxima convert back to natural logits (times
+// ln 2) where they leave the kernel (the V2 partials).
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+/// 2^(x - m), 0 when x is -inf.
+DG_HD float exp2_shifted(float x, float m) { return x == -INFINITY ? 0.0f : exp2f(x - m); }
+
+/// online_rescale for base-2 logits.
+DG_HD float online_rescale2(float& m, float& l, float tile_max) {
+  const float m_new = fmaxf(m, tile_max);
+  const float f = exp2_shifted(m, m_new);
+  l *= f;
+  m = m_new;
+  return f;
+}
+
+/// merge_factors for base-2 logits.
+DG_HD MergeFactors merge_factors2(float ma, float mb) {
+  const float m = fmaxf(ma, mb);
+  return MergeFactors{m, exp2_shifted(ma, m), exp2_shifted(mb, m)};
+}
+
 /// Pass 2 weight of a partition with max m_p and exp sum l_p, given the global max M:
 /// w_p = l_p * exp(m_p - M); an empty partition (m_p = -inf) weighs 0.
 DG_HD float partition_weight(float m_p, float l_p, float M) {

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "decodegraph/numeric.hpp"
+
 namespace decodegraph::kernels {
 
 __device__ __forceinline__ float to_float(float v) { return v; }
@@ -55,5 +57,80 @@ __device__ __forceinline__ Bits<T> float_to_bits(float v) {
   memcpy(&b, &t, sizeof(T));
   return b;
 }
+
+
+// ---------------------------------------------------------------- 16-byte chunks as floats
+
+/// Word w (0..3) of a 16-byte vector.
+__device__ __forceinline__ uint32_t chunk_word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+/// Unpacks / packs a 16-byte chunk of T as floats (half2 / bf16x2 at a time for the 16-bit types).
+/// `out` has 16 / sizeof(T) elements.
+template <typename T>
+struct ChunkConvert;
+
+template <>
+struct ChunkConvert<float> {
+  static constexpr int kElems = 4;
+  static __device__ __forceinline__ void unpack(const uint4& v, float (&out)[4]) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) out[w] = decodegraph::bits_float(chunk_word(v, w));
+  }
+  static __device__ __forceinline__ uint4 pack(const float (&in)[4]) {
+    return make_uint4(decodegraph::float_bits(in[0]), decodegraph::float_bits(in[1]),
+                      decodegraph::float_bits(in[2]), decodegraph::float_bits(in[3]));
+  }
+};
+
+template <>
+struct ChunkConvert<__half> {
+  static constexpr int kElems = 8;
+  static __device__ __forceinline__ void unpack(const uint4& v, float (&out)[8]) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t word = chunk_word(v, w);
+      __half2 h;
+      memcpy(&h, &word, sizeof h);
+      const float2 f = __half22float2(h);
+      out[2 * w] = f.x;
+      out[2 * w + 1] = f.y;
+    }
+  }
+  static __device__ __forceinline__ uint4 pack(const float (&in)[8]) {
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const __half2 h = __floats2half2_rn(in[2 * w], in[2 * w + 1]);
+      memcpy(&words[w], &h, sizeof h);
+    }
+    return make_uint4(words[0], words[1], words[2], words[3]);
+  }
+};
+
+template <>
+struct ChunkConvert<__nv_bfloat16> {
+  static constexpr int kElems = 8;
+  // bf16 is the high half of an fp32: a shift for the low element, a mask for the high one (two
+  // instructions per pair; __bfloat1622float2 spends three).
+  static __device__ __forceinline__ void unpack(const uint4& v, float (&out)[8]) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t word = chunk_word(v, w);
+      out[2 * w] = decodegraph::bits_float(word << 16);
+      out[2 * w + 1] = decodegraph::bits_float(word & 0xffff0000u);
+    }
+  }
+  static __device__ __forceinline__ uint4 pack(const float (&in)[8]) {
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(in[2 * w], in[2 * w + 1]);
+      memcpy(&words[w], &h, sizeof h);
+    }
+    return make_uint4(words[0], words[1], words[2], words[3]);
+  }
+};
 
 }  // namespace decodegraph::kernels

@@ -1,5 +1,5 @@
-// Host implementation of the KV append (vLLM reshape_and_cache): scatters key/value
-// [num_tokens, kv_heads, head_size] into the paged caches at slot = block * block_size + offset,
+// Host implementation of the KV append (vLLM reshape_and_cache): scatters key/value token rows
+// ([kv_heads, head_size], key_stride / value_stride elements apart) into the paged caches at slot = block * block_size + offset,
 // using the same layout offsets as the kernels (decode_math.hpp). Elements are copied bit for bit
 // (the caches share the dtype of key/value). Negative slots are skipped.
 #include <cstdint>
@@ -7,6 +7,7 @@
 
 #include "decodegraph/attention.hpp"
 #include "kernels/decode_math.hpp"
+#include "kernels/validate.hpp"
 
 namespace decodegraph::host {
 
@@ -19,6 +20,8 @@ void append_kv(const AppendArgs& args) {
   const int hs = s.head_size, bs = s.block_size, H = s.num_kv_heads;
   const std::size_t esz = dtype_size(s.dtype);
   const int x = math::vllm_x(static_cast<int>(esz));
+  const int64_t key_stride = detail::key_row_stride(args);
+  const int64_t value_stride = detail::value_row_stride(args);
 
   const auto* key = static_cast<const unsigned char*>(args.key);
   const auto* value = static_cast<const unsigned char*>(args.value);
@@ -30,12 +33,13 @@ void append_kv(const AppendArgs& args) {
     const int64_t block = slot / bs;
     const int off = static_cast<int>(slot % bs);
     for (int h = 0; h < H; ++h) {
-      const int64_t src = (static_cast<int64_t>(t) * H + h) * hs;
+      const int64_t ksrc = t * key_stride + static_cast<int64_t>(h) * hs;
+      const int64_t vsrc = t * value_stride + static_cast<int64_t>(h) * hs;
       for (int d = 0; d < hs; ++d) {
         const int64_t ko = math::k_offset(s.layout, block, h, off, d, H, hs, bs, x);
         const int64_t vo = math::v_offset(s.layout, block, h, off, d, H, hs, bs);
-        std::memcpy(kc + ko * esz, key + (src + d) * esz, esz);
-        std::memcpy(vc + vo * esz, value + (src + d) * esz, esz);
+        std::memcpy(kc + ko * esz, key + (ksrc + d) * esz, esz);
+        std::memcpy(vc + vo * esz, value + (vsrc + d) * esz, esz);
       }
     }
   }

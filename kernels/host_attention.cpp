@@ -8,7 +8,8 @@
 //   V2: the same pass per partition of P tokens, writing fp32 partials (m_p, l_p, acc_p / l_p) into the
 //       caller's workspace as laid out by v2_workspace_layout; then a merge per (sequence, query head)
 //       in fixed partition order, w_p = l_p exp(m_p - M). A single partition is copied.
-// fp32 accumulation throughout. Rows with seq_len 0 (executor padding) leave out untouched.
+// fp32 accumulation throughout. Rows with seq_len 0 (executor padding) leave out untouched. q and
+// out rows honour q_stride / out_stride (e.g. q inside a fused QKV buffer).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -222,7 +223,7 @@ void load_group(const DecodeArgs& a, const Geometry& g, const E& e, int seq, int
   const auto* q = static_cast<const typename E::T*>(a.q);
   for (int h = 0; h < g.group; ++h) {
     const int qh = kvh * g.group + h;
-    const int64_t row = (static_cast<int64_t>(seq) * a.spec.num_q_heads + qh) * g.hs;
+    const int64_t row = seq * detail::q_row_stride(a) + static_cast<int64_t>(qh) * g.hs;
     for (int d = 0; d < g.hs; ++d) st.q[static_cast<std::size_t>(h) * g.hs + d] = e.load(q[row + d]);
     st.slope[h] = a.alibi_slopes ? a.alibi_slopes[qh] : 0.0f;
   }
@@ -245,8 +246,7 @@ void run_v1(const DecodeArgs& a) {
       st.reset();
       attend(g, e, kc, vc, table, len, kvh, 0, len, st);
       for (int h = 0; h < g.group; ++h) {
-        const int64_t row =
-            (static_cast<int64_t>(seq) * a.spec.num_q_heads + kvh * g.group + h) * g.hs;
+        const int64_t row = seq * detail::out_row_stride(a) + static_cast<int64_t>(kvh * g.group + h) * g.hs;
         const float* acc = st.acc.data() + static_cast<std::size_t>(h) * g.hs;
         for (int d = 0; d < g.hs; ++d) out[row + d] = E::store(math::normalise(acc[d], st.l[h]));
       }
@@ -294,7 +294,7 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
 
     // Pass 2: merge in fixed partition order.
     for (int qh = 0; qh < H; ++qh) {
-      const int64_t row = (static_cast<int64_t>(seq) * H + qh) * hs;
+      const int64_t row = seq * detail::out_row_stride(a) + static_cast<int64_t>(qh) * hs;
       const int64_t base = math::partial_index(seq, qh, 0, H, w.max_partitions);
       if (parts == 1) {
         for (int d = 0; d < hs; ++d) out[row + d] = E::store(partial_out[base * hs + d]);

@@ -1,6 +1,6 @@
 // Eager launchers of the public API (attention.hpp): paged_attention_v1, paged_attention_v2,
-// append_kv, cuda_device_available. They validate, turn (dtype, head_size) into template values in
-// one switch, and launch the kernels instantiated in inst/*.cu.
+// append_kv, cuda_device_available. They validate, turn (dtype, head_size, layout) into template
+// values in one switch (dispatch_pass1), and launch the kernels instantiated in inst/*.cu.
 //
 // Capturable: no allocation, no synchronisation, no host read of device data and no function
 // attribute setting (static shared memory stays under 48 KB). Every launch goes through the fault
@@ -37,22 +37,35 @@ void dispatch_dtype(DType dtype, F&& f) {
   throw_invalid("dtype", static_cast<int>(dtype), "fp16, bf16, fp32");
 }
 
-template <typename T>
-void launch_decode_dtype(const DecodeParams& p, int head_size, bool partials, cudaStream_t s) {
-  switch (head_size) {
-    case 64: return kernels::launch_paged_decode<T, 64>(p, partials, s);
-    case 80: return kernels::launch_paged_decode<T, 80>(p, partials, s);
-    case 96: return kernels::launch_paged_decode<T, 96>(p, partials, s);
-    case 112: return kernels::launch_paged_decode<T, 112>(p, partials, s);
-    case 128: return kernels::launch_paged_decode<T, 128>(p, partials, s);
-    case 192: return kernels::launch_paged_decode<T, 192>(p, partials, s);
-    case 256: return kernels::launch_paged_decode<T, 256>(p, partials, s);
-    default: throw_invalid("head_size", head_size, "64, 80, 96, 112, 128, 192, 256");
-  }
+// Turns (dtype, head_size, layout) into template values and calls f with the three as
+// std::type_identity<T>, std::integral_constant<int, D> and std::integral_constant<KVLayout, L>.
+template <typename F>
+void dispatch_pass1(const AttentionSpec& spec, F&& f) {
+  dispatch_dtype(spec.dtype, [&](auto t) {
+    auto with_layout = [&](auto d) {
+      switch (spec.layout) {
+        case KVLayout::kVLLM: return f(t, d, std::integral_constant<KVLayout, KVLayout::kVLLM>{});
+        case KVLayout::kNHD: return f(t, d, std::integral_constant<KVLayout, KVLayout::kNHD>{});
+      }
+      throw_invalid("layout", static_cast<int>(spec.layout), "0 (vllm), 1 (nhd)");
+    };
+    switch (spec.head_size) {
+      case 64: return with_layout(std::integral_constant<int, 64>{});
+      case 80: return with_layout(std::integral_constant<int, 80>{});
+      case 96: return with_layout(std::integral_constant<int, 96>{});
+      case 112: return with_layout(std::integral_constant<int, 112>{});
+      case 128: return with_layout(std::integral_constant<int, 128>{});
+      case 192: return with_layout(std::integral_constant<int, 192>{});
+      case 256: return with_layout(std::integral_constant<int, 256>{});
+    }
+    throw_invalid("head_size", spec.head_size, "64, 80, 96, 112, 128, 192, 256");
+  });
 }
 
-void launch_decode(const DecodeParams& p, DType dtype, int head_size, bool partials, cudaStream_t s) {
-  dispatch_dtype(dtype, [&](auto t) { launch_decode_dtype<typename decltype(t)::type>(p, head_size, partials, s); });
+void launch_decode(const DecodeParams& p, const AttentionSpec& spec, cudaStream_t s) {
+  dispatch_pass1(spec, [&](auto t, auto d, auto layout) {
+    kernels::launch_paged_decode<typename decltype(t)::type, decltype(d)::value, decltype(layout)::value>(p, s);
+  });
 }
 
 DecodeParams decode_params(const DecodeArgs& a) {
@@ -64,12 +77,16 @@ DecodeParams decode_params(const DecodeArgs& a) {
   p.block_tables = a.block_tables;
   p.seq_lens = a.seq_lens;
   p.alibi_slopes = a.alibi_slopes;
+  p.bad_block = a.bad_block;
   p.num_seqs = a.num_seqs;
   p.num_q_heads = a.spec.num_q_heads;
   p.num_kv_heads = a.spec.num_kv_heads;
   p.block_size = a.spec.block_size;
   p.block_table_stride = a.block_table_stride;
+  p.num_blocks = a.num_blocks;
   p.max_seq_len = a.max_seq_len;
+  p.q_stride = detail::q_row_stride(a);
+  p.out_stride = detail::out_row_stride(a);
   p.scale = a.spec.effective_scale();
   p.layout = a.spec.layout;
   return p;
@@ -84,7 +101,8 @@ void paged_attention_v1(const DecodeArgs& args, Stream stream) {
   DecodeParams p = decode_params(args);
   p.partition_size = args.max_seq_len;  // one partition spans every (clamped) length
   p.max_partitions = 1;
-  launch_decode(p, args.spec.dtype, args.spec.head_size, /*partials=*/false, stream);
+  p.write_partials = false;
+  launch_decode(p, args.spec, stream);
 }
 
 void paged_attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
@@ -98,13 +116,15 @@ void paged_attention_v2(const DecodeArgs& args, int partition_size, void* worksp
   p.max_logits = reinterpret_cast<float*>(base + ws.max_logits_offset);
   p.exp_sums = reinterpret_cast<float*>(base + ws.exp_sums_offset);
   p.partial_out = reinterpret_cast<float*>(base + ws.partial_out_offset);
-  launch_decode(p, args.spec.dtype, args.spec.head_size, /*partials=*/true, stream);
+  p.write_partials = true;
+  launch_decode(p, args.spec, stream);
 
   kernels::MergeParams mp;
   mp.max_logits = p.max_logits;
   mp.exp_sums = p.exp_sums;
   mp.partial_out = p.partial_out;
   mp.out = args.out;
+  mp.out_stride = p.out_stride;
   mp.seq_lens = args.seq_lens;
   mp.num_seqs = args.num_seqs;
   mp.num_q_heads = args.spec.num_q_heads;
@@ -124,6 +144,9 @@ void append_kv(const AppendArgs& args, Stream stream) {
   p.k_cache = args.k_cache;
   p.v_cache = args.v_cache;
   p.slot_mapping = args.slot_mapping;
+  p.key_stride = detail::key_row_stride(args);
+  p.value_stride = detail::value_row_stride(args);
+  p.num_slots = static_cast<int64_t>(args.num_blocks) * args.spec.block_size;
   p.num_tokens = args.num_tokens;
   p.num_kv_heads = args.spec.num_kv_heads;
   p.head_size = args.spec.head_size;
@@ -137,19 +160,9 @@ namespace kernels {
 int pass1_blocks_per_sm_on_device(const AttentionSpec& spec) {
   validate_spec(spec);
   int blocks = 0;
-  dispatch_dtype(spec.dtype, [&](auto t) {
-    using T = typename decltype(t)::type;
-    const int g = spec.group_size();
-    switch (spec.head_size) {
-      case 64: blocks = paged_decode_blocks_per_sm<T, 64>(g); break;
-      case 80: blocks = paged_decode_blocks_per_sm<T, 80>(g); break;
-      case 96: blocks = paged_decode_blocks_per_sm<T, 96>(g); break;
-      case 112: blocks = paged_decode_blocks_per_sm<T, 112>(g); break;
-      case 128: blocks = paged_decode_blocks_per_sm<T, 128>(g); break;
-      case 192: blocks = paged_decode_blocks_per_sm<T, 192>(g); break;
-      case 256: blocks = paged_decode_blocks_per_sm<T, 256>(g); break;
-      default: throw_invalid("head_size", spec.head_size, "64, 80, 96, 112, 128, 192, 256");
-    }
+  dispatch_pass1(spec, [&](auto t, auto d, auto layout) {
+    blocks = paged_decode_blocks_per_sm<typename decltype(t)::type, decltype(d)::value, decltype(layout)::value>(
+        spec.group_size());
   });
   return blocks;
 }

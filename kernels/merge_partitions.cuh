@@ -10,6 +10,8 @@
 // into shared memory, then every thread folds them in partition order, so the result is
 // deterministic and every thread sees the same sum of weights.
 //
+// Output rows are out_stride elements apart (heads contiguous within a row).
+//
 // Assumptions. Pass 1 wrote partitions 0..n-1 of each live row (the same seq_lens, clamped to
 // max_seq_len the same way). Partitions >= n are never read: pass 1 skipped them.
 #pragma once
@@ -47,7 +49,7 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
   if (len <= 0) return;  // padded row: output untouched
   const int n = (len + p.partition_size - 1) / p.partition_size;
   const int64_t base = math::partial_index(seq, q_head, 0, p.num_q_heads, p.max_partitions);
-  T* out = static_cast<T*>(p.out) + (static_cast<int64_t>(seq) * p.num_q_heads + q_head) * D;
+  T* out = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D;
 
   if (n == 1) {
     if (tid < D) out[tid] = from_float<T>(p.partial_out[base * D + tid]);

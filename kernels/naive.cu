@@ -5,12 +5,17 @@
 // Mapping: grid (num_q_heads, num_seqs); block = head_size threads; thread d walks every token,
 // recomputes the full dot product (q cached in shared memory) and accumulates output element d.
 // dtype, layout, head size and block size are all runtime values: no templates, no vectors.
+// q / out rows honour their strides; block ids are clamped to [0, num_blocks) (and reported through
+// bad_block) like the optimised kernels, so a bad id never reads outside the cache.
 #include <cuda_runtime.h>
+
+#include <climits>
 
 #include "decodegraph/numeric.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/decode_math.hpp"
 #include "kernels/naive.hpp"
+#include "kernels/validate.hpp"
 
 namespace decodegraph::naive {
 namespace {
@@ -18,6 +23,8 @@ namespace {
 struct NaiveParams {
   DecodeArgs a;
   float scale;
+  int64_t q_stride;    // resolved row strides (elements)
+  int64_t out_stride;
 };
 
 __device__ float load_elem(DType dtype, const void* base, int64_t i) {
@@ -54,14 +61,18 @@ __global__ void NaivePagedAttentionKernel(const __grid_constant__ NaiveParams np
   if (len > a.max_seq_len) len = a.max_seq_len;
   if (len <= 0) return;  // block-uniform, before the barrier
 
-  const int64_t row = static_cast<int64_t>(seq) * s.num_q_heads + q_head;
-  s_q[d] = load_elem(s.dtype, a.q, row * D + d);
+  s_q[d] = load_elem(s.dtype, a.q, seq * np.q_stride + static_cast<int64_t>(q_head) * D + d);
   __syncthreads();
 
   const float slope = a.alibi_slopes != nullptr ? a.alibi_slopes[q_head] : 0.0f;
   float m = math::neg_inf(), l = 0.0f, acc = 0.0f;
   for (int pos = 0; pos < len; ++pos) {
-    const int64_t blk = a.block_tables[static_cast<int64_t>(seq) * a.block_table_stride + pos / s.block_size];
+    const int64_t entry = static_cast<int64_t>(seq) * a.block_table_stride + pos / s.block_size;
+    int64_t blk = a.block_tables[entry];
+    if (blk < 0 || blk >= a.num_blocks) {  // clamp (and report) as the optimised kernels do
+      if (a.bad_block != nullptr && d == 0) atomicCAS(a.bad_block, 0, entry + 1 < INT_MAX ? static_cast<int>(entry + 1) : INT_MAX);
+      blk = blk < 0 ? 0 : a.num_blocks - 1;
+    }
     const int tok = pos % s.block_size;
     float dot = 0.0f;
     for (int e = 0; e < D; ++e)
@@ -74,7 +85,7 @@ __global__ void NaivePagedAttentionKernel(const __grid_constant__ NaiveParams np
     acc = acc * f +
           w * load_elem(s.dtype, a.v_cache, math::v_offset(s.layout, blk, kv_head, tok, d, s.num_kv_heads, D, s.block_size));
   }
-  store_elem(s.dtype, a.out, row * D + d, math::normalise(acc, l));
+  store_elem(s.dtype, a.out, seq * np.out_stride + static_cast<int64_t>(q_head) * D + d, math::normalise(acc, l));
 }
 
 }  // namespace
@@ -83,7 +94,7 @@ __global__ void NaivePagedAttentionKernel(const __grid_constant__ NaiveParams np
 
 void paged_attention_v1(const DecodeArgs& args, Stream stream) {
   validate_decode_args(args);
-  NaiveParams np{args, args.spec.effective_scale()};
+  NaiveParams np{args, args.spec.effective_scale(), detail::q_row_stride(args), detail::out_row_stride(args)};
   np.a.host_seq_lens = nullptr;  // host pointers mean nothing on the device
   np.a.host_block_tables = nullptr;
   const dim3 grid(static_cast<unsigned>(args.spec.num_q_heads), static_cast<unsigned>(args.num_seqs));

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "decodegraph/error.hpp"
+#include "kernels/decode_policy.hpp"
 
 namespace decodegraph::kernels {
 
@@ -25,45 +26,57 @@ int blocks_per_sm(const KernelResources& r, const SmLimits& lim) {
 
 namespace {
 
-int next_pow2(int v) {
-  int p = 1;
-  while (p < v) p *= 2;
-  return p;
+// Registers per thread of each pass-1 instantiation as nvcc 13.0 compiles it for sm_90 (ptxas -v;
+// the kernel is capped at kPass1MaxRegisters = 80 with __maxnreg__, none spills). Re-read them
+// whenever the kernel changes: scripts/kernel_report.sh prints them. Shared memory needs no table:
+// it is all static and equals Pass1Policy::kSmemBytes (checked against ptxas the same way).
+struct RegRow {
+  int d;
+  int fp16_vllm, fp16_nhd, bf16_vllm, bf16_nhd, fp32_vllm, fp32_nhd;
+};
+constexpr RegRow kPass1Registers[] = {
+    {64, 80, 80, 80, 80, 78, 80},   {80, 80, 76, 80, 76, 80, 79},   {96, 80, 76, 80, 76, 80, 79},
+    {112, 80, 78, 80, 78, 80, 80},  {128, 80, 80, 80, 80, 80, 79},  {192, 80, 78, 80, 78, 80, 80},
+    {256, 80, 80, 80, 78, 80, 80},
+};
+
+template <int E>
+int pass1_smem(int d) {
+  switch (d) {
+    case 64: return Pass1Policy<E, 64>::kSmemBytes;
+    case 80: return Pass1Policy<E, 80>::kSmemBytes;
+    case 96: return Pass1Policy<E, 96>::kSmemBytes;
+    case 112: return Pass1Policy<E, 112>::kSmemBytes;
+    case 128: return Pass1Policy<E, 128>::kSmemBytes;
+    case 192: return Pass1Policy<E, 192>::kSmemBytes;
+    case 256: return Pass1Policy<E, 256>::kSmemBytes;
+  }
+  throw_invalid("head_size", d, "64, 80, 96, 112, 128, 192, 256");
 }
 
 }  // namespace
 
-// As launch_paged_decode splits the group: heads_per_block = next_pow2(min(group, 16)).
+// As launch_paged_decode splits the group (decode_policy.hpp), so the planner counts grid y as the launch does.
 int pass1_head_chunks(const AttentionSpec& spec) {
   validate_spec(spec);
-  const int group = spec.group_size();
-  const int per_block = next_pow2(std::min(group, 16));
-  return (group + per_block - 1) / per_block;
+  return pass1_head_chunks_for(spec.group_size());
 }
 
-// Current kernel (kernels/paged_decode.cuh, DecodePolicy): threads = max(128, LANES x GY) with
-// LANES = next_pow2(D) / VEC, VEC = max(16 / elem bytes, next_pow2(D) / 32), GY = next_pow2(min(group,
-// 16)); registers and static shared memory from ptxas (nvcc 13.0, sm_90, V2 kernel; V1 is equal).
+// The pass-1 kernel (kernels/paged_decode.cuh, policy in decode_policy.hpp): one warp per query
+// head of a block's head chunk, at least four warps (pass1_threads_for); static shared memory only.
 KernelResources pass1_resources(const AttentionSpec& spec) {
   validate_spec(spec);
-  struct Row {
-    int d, regs2, smem2, regs4, smem4;  // 2-byte dtypes (fp16 / bf16), fp32
-  };
-  static constexpr Row kTable[] = {
-      {64, 81, 24704, 64, 38976},  {80, 82, 28736, 64, 24608},  {96, 82, 32832, 64, 28704},
-      {112, 86, 36928, 64, 32800}, {128, 81, 41024, 64, 36896}, {192, 82, 30752, 82, 29728},
-      {256, 80, 38944, 80, 37920},
-  };
-  const int eb = static_cast<int>(dtype_size(spec.dtype));
-  const Row* row = std::find_if(std::begin(kTable), std::end(kTable), [&](const Row& r) { return r.d == spec.head_size; });
-  const int dpad = next_pow2(spec.head_size);
-  const int vec = std::max(16 / eb, dpad / 32);
-  const int lanes = dpad / vec;
-  const int gy = next_pow2(std::min(spec.group_size(), 16));
+  const RegRow* row = std::find_if(std::begin(kPass1Registers), std::end(kPass1Registers),
+                                   [&](const RegRow& r) { return r.d == spec.head_size; });
+  const bool nhd = spec.layout == KVLayout::kNHD;
   KernelResources r;
-  r.threads = std::max(128, lanes * gy);
-  r.registers = eb == 4 ? row->regs4 : row->regs2;
-  r.smem_bytes = eb == 4 ? row->smem4 : row->smem2;
+  r.threads = pass1_threads_for(spec.group_size());
+  switch (spec.dtype) {
+    case DType::kFloat16: r.registers = nhd ? row->fp16_nhd : row->fp16_vllm; break;
+    case DType::kBFloat16: r.registers = nhd ? row->bf16_nhd : row->bf16_vllm; break;
+    case DType::kFloat32: r.registers = nhd ? row->fp32_nhd : row->fp32_vllm; break;
+  }
+  r.smem_bytes = dtype_size(spec.dtype) == 4 ? pass1_smem<4>(spec.head_size) : pass1_smem<2>(spec.head_size);
   return r;
 }
 

@@ -28,18 +28,19 @@ struct SmLimits {
 /// Theoretical resident blocks per SM (0 when a block does not fit at all).
 int blocks_per_sm(const KernelResources& r, const SmLimits& limits = {});
 
-/// Host model: resources of the pass-1 instantiation `spec` selects, as nvcc 13.0 compiles it for
-/// sm_90 (registers and static shared memory read off `-Xptxas -v`; re-read them whenever the kernel
-/// changes: scripts/kernel_report.sh prints both).
+/// Host model: resources of the pass-1 instantiation `spec` selects (dtype, head size, layout; the
+/// block size follows the GQA group), as nvcc 13.0 compiles it for sm_90: registers read off
+/// `-Xptxas -v` (re-read them whenever the kernel changes: scripts/kernel_report.sh prints them),
+/// static shared memory from the policy (decode_policy.hpp), no dynamic shared memory.
 KernelResources pass1_resources(const AttentionSpec& spec);
 
-/// Head chunks of the pass-1 launch: a block serves at most 16 query heads of a GQA group
-/// (DecodePolicy::kMaxHeadsPerBlock), so grid y = num_kv_heads x this. 1 for groups up to 16.
+/// Head chunks of the pass-1 launch: a block serves at most 16 query heads of a GQA group, larger
+/// groups split into balanced chunks (decode_policy.hpp), so grid y = num_kv_heads x this.
 int pass1_head_chunks(const AttentionSpec& spec);
 
-/// CUDA: cudaOccupancyMaxActiveBlocksPerMultiprocessor for that exact instantiation on the current
-/// device. Not capturable-sensitive (no launch), but call it outside any capture anyway. Throws Error
-/// when built without CUDA.
+/// CUDA: cudaOccupancyMaxActiveBlocksPerMultiprocessor for the exact kernel, block size and dynamic
+/// shared memory (none) the launcher uses for `spec`, on the current device. Not capture-sensitive
+/// (no launch), but call it outside any capture anyway. Throws Error when built without CUDA.
 int pass1_blocks_per_sm_on_device(const AttentionSpec& spec);
 
 }  // namespace decodegraph::kernels

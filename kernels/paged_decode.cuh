@@ -7,162 +7,417 @@
 // merge_partitions.cuh folds together.
 //
 // Mapping. Grid: x = partition (V1: 1), y = KV head x head chunk, z = sequence. A block serves one
-// KV head and GY = heads_per_block query heads of its group, so K/V are read once for all of them.
-// Threads form rows of LANES threads (DecodePolicy): a row is one (query head, token slice); each
-// active lane owns VEC contiguous elements of the head dimension. Rows = GY heads x Z slices. Per
-// iteration the block stages a tile of kTile tokens of K and V in shared memory (16-byte loads
-// gathered through the block table, layouts handled only in the loader); slice z of each head
-// takes tokens [z*TPR, (z+1)*TPR) of the tile: dots reduced by butterfly shuffles within the row,
-// one online-softmax rescale per tile, fp32 accumulation in registers. At the end the Z slices of
-// each head are merged in fixed order (deterministic) and slice 0 writes.
+// KV head and heads_per_block (<= 16) query heads of its GQA group, one warp per query head, so K/V
+// are read from memory once for all of them. Inside a warp, lanes form Z rows of L lanes
+// (Pass1Policy in decode_policy.hpp): row z takes tokens [z*NR, (z+1)*NR) of every tile, and lane j
+// of a row owns chunks j + k*L (k < KC) of the head dimension (q, and the output accumulators).
 //
-// Assumptions. Arguments validated by the launcher (validate_decode_args): 16-byte aligned
-// tensors, block table wide enough for max_seq_len, supported shapes. Lengths come from device
-// memory and are clamped to max_seq_len, so nothing past the block table row is ever read. Tokens
-// past the end of a tile are zero-filled in shared memory and get logit -inf (weight 0).
+// Pipeline (TileLoader). Tiles of NTOK tokens cycle through S shared-memory stages: while tile t is
+// computed, tiles t+1 .. t+S-1 are in flight as 16-byte cp.async copies with an L2 evict-first
+// policy. Per iteration: wait for tile t's group, one barrier, issue tile t+S-1, compute tile t.
+// Block ids are read once per tile per block, S tiles ahead, into a small shared table of segment
+// offsets; block_size enters as a shift and a mask. Pages are copied verbatim in their own layout
+// (decode_policy.hpp places the chunks so that reads and writes are bank-conflict free); only the
+// math knows how to read each layout, and the layout is a template parameter.
+//
+// Math (CudaCoreMath). Per tile and row: NR partial dot products in registers, a reduce-scatter
+// across the row's lanes that leaves each lane one token's full dot (NR - 1 shuffles for NR tokens,
+// instead of log2(L) per token), the logit and the online-softmax update on that, then p . v with
+// each p broadcast by one shuffle. fp32 accumulation; every reduction has a fixed order, so results
+// are deterministic (eager == graph, replays bitwise equal). The Z slices merge by shuffles at the end.
+// A second math (e.g. tensor cores for large GQA groups) can take CudaCoreMath's place: it gets the
+// same loader, stages and driver, and the launcher selects it per spec.
+//
+// Assumptions. Arguments validated by the launcher (validate_decode_args): 16-byte aligned tensors
+// and row strides, block table wide enough for max_seq_len, supported shapes, partition_size a
+// multiple of block_size. Lengths come from device memory and are clamped to max_seq_len, so nothing
+// past a block-table row is read. Block ids outside [0, num_blocks) are clamped (and reported
+// through bad_block when given), so a bad id never reads outside the cache. Tokens past the end of a
+// tile are zero-filled by the copies themselves and get logit -inf (weight 0).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
+#include <string>
 
 #include "decodegraph/fault.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/decode_math.hpp"
 #include "kernels/decode_params.cuh"
+#include "kernels/decode_policy.hpp"
+#include "kernels/device_ops.cuh"
 #include "kernels/dtype_traits.cuh"
 
 namespace decodegraph::kernels {
 
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
 // ---------------------------------------------------------------- tile loader
 
-/// Stages K and V of tokens [tile_start, tile_start + kTile) of one KV head into shared memory as
-/// [kTile][D] (model dtype). Tokens at or past `end` are zero-filled (V must be finite: its weight
-/// is 0, and 0 * NaN would poison the sum). Every thread of the block calls it.
-template <typename T, int D>
-__device__ __forceinline__ void load_kv_tile(const DecodeParams& p, const int32_t* table, int kv_head,
-                                             int tile_start, int end, T* s_k, T* s_v) {
-  using Pol = DecodePolicy<sizeof(T), D>;
-  constexpr int kTile = Pol::kTile;
-  constexpr int CE = Pol::kChunkElems;
-  constexpr int CPT = Pol::kChunksPerToken;
-  constexpr int U = Pol::kLoadsInFlight;
-  const int tid = threadIdx.x;
-  const int nt = blockDim.x;
-  const int bs = p.block_size;
-  const T* k_cache = static_cast<const T*>(p.k_cache);
-  const T* v_cache = static_cast<const T*>(p.v_cache);
-  const bool vllm = p.layout == KVLayout::kVLLM;
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+/// Copies tiles of one (sequence, KV head) from the paged cache into shared-memory stages with
+/// cp.async. The first kLoaderThreads threads take part, each with kLoadsPerThread fixed chunk slots
+/// per operand (slot u of thread tid is chunk tid + u * kLoaderThreads of the tile, so consecutive
+/// threads read consecutive 16-byte chunks of global memory). A slot's geometry (offset inside its
+/// block, shared-memory position, token) depends only on the thread and the block size, so the
+/// compiler computes it once; per tile a slot costs a segment lookup, an add, a compare and the copy.
+template <typename T, int D, KVLayout kLayout>
+struct TileLoader {
+  using P = Pass1Policy<sizeof(T), D>;
+  static constexpr int E = sizeof(T);
+  static constexpr int CE = P::kChunkElems;
+  static constexpr int CPT = P::kChunksPerToken;
+  static constexpr int NTOK = P::kTileTokens;
+  static constexpr int kThreads = P::kLoaderThreads;
+  static constexpr int U = P::kLoadsPerThread;
+  static constexpr bool kEven = P::kTileChunks % kThreads == 0;
 
-  // K (both layouts) and V (NHD): kTile x CPT chunks of 16 B. NHD walks a token's row first (its
-  // chunks are contiguous); vLLM K walks tokens first (consecutive tokens of one d/x group are
-  // contiguous), so consecutive threads read consecutive 16 B either way.
-  constexpr int kTotal = kTile * CPT;
-  for (int base = tid; base < kTotal; base += nt * U) {
-    uint4 kr[U], vr[U];
+  const char* k_base;    // cache base + this KV head's offset inside a block
+  const char* v_base;
+  uint32_t block_bytes;  // one block of one layer (all KV heads): < 4 GiB (kv_heads <= 65535: grid y)
+  int token_bytes;       // NHD: between consecutive tokens of a block
+  int block_size;
+  int bs_log2;
+  int bs_mask;
+  int seg_log2;          // log2(TB), TB = min(block_size, NTOK): tokens of a tile in one block
+  uint64_t policy;
+
+  __device__ __forceinline__ TileLoader(const DecodeParams& p, int kv_head) {
+    block_size = p.block_size;
+    bs_log2 = p.block_size_log2;
+    bs_mask = p.block_size - 1;
+    seg_log2 = bs_log2 < ilog2(NTOK) ? bs_log2 : ilog2(NTOK);
+    block_bytes = static_cast<uint32_t>(p.block_size) * static_cast<uint32_t>(p.num_kv_heads) * (D * E);
+    token_bytes = p.num_kv_heads * D * E;
+    const int64_t head = kLayout == KVLayout::kNHD ? static_cast<int64_t>(kv_head) * D * E
+                                                  : static_cast<int64_t>(kv_head) * D * p.block_size * E;
+    k_base = static_cast<const char*>(p.k_cache) + head;
+    v_base = static_cast<const char*>(p.v_cache) + head;
+    policy = dev::evict_first_policy();
+  }
+
+  /// Byte offset of the block holding tile token t (ids are clamped, so non-negative).
+  __device__ __forceinline__ int64_t block(const int32_t* seg, int t) const {
+    return static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(seg[t >> seg_log2])) * block_bytes);
+  }
+
+  /// Segments (cache blocks) one tile touches.
+  __device__ __forceinline__ int segments() const { return NTOK >> seg_log2; }
+
+  /// Raw block id of segment s of the tile at tile_start, or 0 when the segment lies past `end`
+  /// (then none of its chunks is read). Index < block_table_stride: segment start < end <= max_seq_len.
+  __device__ __forceinline__ int32_t load_id(const int32_t* table, int tile_start, int end, int s) const {
+    const int b = (tile_start >> bs_log2) + s;
+    return (b << bs_log2) < end ? __ldg(table + b) : 0;
+  }
+
+  /// A block id clamped to [0, num_blocks). The first clamped id's table index (within the
+  /// sequence's row) + 1 goes to `bad` (0 = none); report_bad_block publishes it.
+  __device__ __forceinline__ static int32_t clamp_id(const DecodeParams& p, int32_t id, int index, int& bad) {
+    if (id < 0 || id >= p.num_blocks) {
+      if (bad == 0) bad = index + 1;
+      id = id < 0 ? 0 : p.num_blocks - 1;
+    }
+    return id;
+  }
+  /// Table index of segment s of the tile at tile_start.
+  __device__ __forceinline__ int segment_index(int tile_start, int s) const { return (tile_start >> bs_log2) + s; }
+
+  /// Stores (seq * block_table_stride + index) + 1 of a clamped id into bad_block (first writer wins).
+  __device__ __forceinline__ static void report_bad_block(const DecodeParams& p, int seq, int bad) {
+    if (bad == 0 || p.bad_block == nullptr) return;
+    const int64_t flat = static_cast<int64_t>(seq) * p.block_table_stride + bad;
+    atomicCAS(p.bad_block, 0, flat < INT_MAX ? static_cast<int>(flat) : INT_MAX);
+  }
+
+  /// Issues the copies of tokens [tile_start, tile_start + NTOK) into the stage at sk / sv (byte
+  /// pointers; chunks placed by decode_policy.hpp). Chunks of tokens at or past `end` are
+  /// zero-filled, never read. seg: the tile's (clamped) block ids.
+  __device__ __forceinline__ void issue(char* sk, char* sv, const int32_t* seg, int tile_start, int end) const {
+    const int tid = static_cast<int>(threadIdx.x);
+    if (tid >= kThreads) return;
+    const int t0 = tile_start & bs_mask;  // the tile's offset inside its first block (0 when TB = bs)
+    const int tb_mask = (1 << seg_log2) - 1;
+    const int left = end - tile_start;    // tokens of this tile that exist
+    if constexpr (kLayout == KVLayout::kNHD) {
+      // K and V alike: [token][chunk] in shared memory; a token's row is contiguous in the cache.
+      const char* kb = k_base + static_cast<int64_t>(t0) * token_bytes;
+      const char* vb = v_base + static_cast<int64_t>(t0) * token_bytes;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * nt;
-      kr[u] = zero;
-      vr[u] = zero;
-      if (i < kTotal) {
-        const int t = vllm ? i % kTile : i / CPT;
-        const int c = vllm ? i / kTile : i % CPT;
-        const int pos = tile_start + t;
-        if (pos < end) {
-          const int64_t blk = __ldg(table + pos / bs);
-          const int tok = pos % bs;
-          const int64_t ko = math::k_offset(p.layout, blk, kv_head, tok, c * CE, p.num_kv_heads, D, bs, CE);
-          kr[u] = __ldg(reinterpret_cast<const uint4*>(k_cache + ko));
-          if (!vllm) {
-            const int64_t vo = math::v_offset(p.layout, blk, kv_head, tok, c * CE, p.num_kv_heads, D, bs);
-            vr[u] = __ldg(reinterpret_cast<const uint4*>(v_cache + vo));
+      for (int u = 0; u < U; ++u) {
+        const int q = tid + u * kThreads;
+        if (kEven || q < P::kTileChunks) {
+          const TileChunk ch = loader_chunk_nhd<P>(q);
+          const int t = ch.token;
+          const int64_t off = block(seg, t) + ((t & tb_mask) * token_bytes + ch.index * 16);
+          const int src = t < left ? 16 : 0;
+          dev::cp_async_16(sk + q * 16, kb + off, src, policy);
+          dev::cp_async_16(sv + q * 16, vb + off, src, policy);
+        }
+      }
+    } else {
+      // K: the page is [chunk][token in block] (x = CE elements per chunk), copied in that order.
+      const char* kb = k_base + t0 * 16;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int q = tid + u * kThreads;
+        if (kEven || q < P::kTileChunks) {
+          const TileChunk ch = loader_chunk_vllm_k<P>(q, seg_log2);
+          const int t = ch.token;
+          const int64_t off = block(seg, t) + ((ch.index << bs_log2) + (t & tb_mask)) * 16;
+          dev::cp_async_16(sk + smem_pos_vllm_k<P>(t, ch.index) * 16, kb + off, t < left ? 16 : 0, policy);
+        }
+      }
+      // V: the page is [d][token in block]; a chunk is CE consecutive tokens of one d.
+      const char* vb = v_base + t0 * E;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int q = tid + u * kThreads;
+        if (kEven || q < P::kTileChunks) {
+          const TileChunk ch = loader_chunk_vllm_v<P, D>(q, seg_log2);
+          const int t = ch.token;
+          const int d = ch.index;
+          const int64_t off = block(seg, t) + (d * block_size + (t & tb_mask)) * E;
+          const int n = cmin(cmax(left - t, 0), CE);  // tokens of this chunk that exist
+          dev::cp_async_16(sv + smem_pos_vllm_v<P>(d, t / CE) * 16, vb + off, n * E, policy);
+        }
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------- math (CUDA cores)
+
+/// One warp per query head: q and the output accumulators in registers, per-row logits in
+/// registers, shuffles for every reduction.
+template <typename T, int D, KVLayout kLayout>
+struct CudaCoreMath {
+  using P = Pass1Policy<sizeof(T), D>;
+  using Conv = ChunkConvert<T>;
+  static constexpr int L = P::kLanes;
+  static constexpr int NR = P::kRowTokens;
+  static constexpr int KC = P::kChunksPerLane;
+  static constexpr int CE = P::kChunkElems;
+  static constexpr int CPT = P::kChunksPerToken;
+  /// True when every lane owns real chunks (D a power of two).
+  static constexpr bool kAllLanesActive = KC * L == CPT;
+
+  float q[KC][CE];
+  float acc[KC][CE];
+  float m;
+  float l;  // this lane's share until finish(); then the row's total
+  float scale2;  // scale * log2(e): logits are kept in base 2 (decode_math.hpp)
+  float slope2;  // ALiBi slope * log2(e)
+  int len;
+  int j;  // lane within the row
+  int z;  // row (token slice) within the warp
+  // Byte offsets, inside a stage's K / V part, of this lane's first read (token z*NR, chunk j);
+  // every other read is that plus / XOR a compile-time term (decode_policy.hpp: k_read, v_read_*).
+  int k_lane;
+  int v_lane;
+
+  /// Token (of the row's NR) whose full dot a lane holds after the reduce-scatter: the reversed
+  /// bits of the lane's low log2(NR) bits (the scatter halves along offsets 1, 2, 4, ...). Its own
+  /// inverse, so it also names the lane holding token i.
+  static constexpr int owner(int i) {
+    int r = 0;
+    for (int b = 1, rb = NR / 2; b < NR; b *= 2, rb /= 2)
+      if (i & b) r |= rb;
+    return r;
+  }
+
+  __device__ __forceinline__ bool lane_chunk_valid(int c) const { return kAllLanesActive || c < CPT; }
+
+  __device__ __forceinline__ void init(const DecodeParams& p, int seq, int q_head, int seq_len) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    j = lane % L;
+    z = lane / L;
+    len = seq_len;
+    scale2 = p.scale * math::kLog2e;
+    slope2 = (p.alibi_slopes != nullptr ? p.alibi_slopes[q_head] : 0.0f) * math::kLog2e;
+    m = math::neg_inf();
+    l = 0.0f;
+    k_lane = k_read_base<P, kLayout>(z, j);
+    v_lane = v_read_base<P, kLayout>(z, j);
+    const T* qrow = static_cast<const T*>(p.q) + seq * p.q_stride + static_cast<int64_t>(q_head) * D;
+#pragma unroll
+    for (int k = 0; k < KC; ++k) {
+      const int c = j + k * L;
+#pragma unroll
+      for (int e = 0; e < CE; ++e) q[k][e] = acc[k][e] = 0.0f;
+      if (lane_chunk_valid(c)) Conv::unpack(__ldg(reinterpret_cast<const uint4*>(qrow + c * CE)), q[k]);
+    }
+  }
+
+  /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state.
+  /// sk / sv: shared addresses of the stage's K and V parts (kStageAlign-aligned).
+  __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
+    const int t0 = z * NR;
+    const dev::SmemAddr kb = sk + k_lane;
+    const dev::SmemAddr vb = sv + v_lane;
+
+    // q . k for the row's NR tokens, over this lane's chunks.
+    float dot[NR];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+      float d = 0.0f;
+#pragma unroll
+      for (int k = 0; k < KC; ++k) {
+        if (lane_chunk_valid(j + k * L)) {
+          float kv[CE];
+          Conv::unpack(dev::lds16(k_read<P, kLayout>(kb, i, k)), kv);
+#pragma unroll
+          for (int e = 0; e < CE; ++e) d = fmaf(q[k][e], kv[e], d);
+        }
+      }
+      dot[i] = d;
+    }
+
+    // Reduce-scatter over the row: each step halves the values a lane holds and sends the other
+    // half to its partner, so after log2(NR) steps every lane holds one token's sum over the NR
+    // lanes of its group; the remaining offsets (NR .. L/2) finish the sum over the row.
+#pragma unroll
+    for (int s = 0; (1 << s) < NR; ++s) {
+      const int o = 1 << s;
+      const int n = NR >> (s + 1);
+      const bool upper = (j & o) != 0;
+#pragma unroll
+      for (int i = 0; i < n; ++i) {
+        const float send = upper ? dot[i] : dot[i + n];
+        const float keep = upper ? dot[i + n] : dot[i];
+        dot[i] = keep + __shfl_xor_sync(kFullMask, send, o);
+      }
+    }
+#pragma unroll
+    for (int o = NR; o < L; o *= 2) dot[0] += __shfl_xor_sync(kFullMask, dot[0], o);
+
+    // Logit of this lane's token, the tile max over the row, the online-softmax update.
+    const int pos = tile_start + t0 + owner(j & (NR - 1));
+    const float s = pos < end ? math::logit(dot[0], scale2, slope2, pos, len) : math::neg_inf();
+    float tile_max = s;
+#pragma unroll
+    for (int o = 1; o < NR; o *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, o));
+    const float f = math::online_rescale2(m, l, tile_max);
+    const float w = math::exp2_shifted(s, m);
+    l += w;
+#pragma unroll
+    for (int k = 0; k < KC; ++k)
+#pragma unroll
+      for (int e = 0; e < CE; ++e) acc[k][e] *= f;
+
+    // acc += p * v, tokens in order; p of token i comes from lane owner(i) of the row.
+    if constexpr (kLayout == KVLayout::kNHD) {
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        const float pi = __shfl_sync(kFullMask, w, owner(i), L);
+#pragma unroll
+        for (int k = 0; k < KC; ++k) {
+          if (lane_chunk_valid(j + k * L)) {
+            float vv[CE];
+            Conv::unpack(dev::lds16(v_read_nhd<P>(vb, i, k)), vv);
+#pragma unroll
+            for (int e = 0; e < CE; ++e) acc[k][e] = fmaf(pi, vv[e], acc[k][e]);
+          }
+        }
+      }
+    } else {
+      // d-major V: one chunk holds CE consecutive tokens of one d.
+#pragma unroll
+      for (int g = 0; g < NR / CE; ++g) {
+        float pk[CE];
+#pragma unroll
+        for (int i = 0; i < CE; ++i) pk[i] = __shfl_sync(kFullMask, w, owner(g * CE + i), L);
+#pragma unroll
+        for (int k = 0; k < KC; ++k) {
+          if (lane_chunk_valid(j + k * L)) {
+#pragma unroll
+            for (int e = 0; e < CE; ++e) {
+              float vv[CE];
+              Conv::unpack(dev::lds16(v_read_vllm<P>(vb, g, k, e)), vv);
+#pragma unroll
+              for (int i = 0; i < CE; ++i) acc[k][e] = fmaf(pk[i], vv[i], acc[k][e]);
+            }
           }
         }
       }
     }
+  }
+
+  /// Sums l over the row and merges the warp's Z slices (fixed butterfly: deterministic). Every
+  /// lane then holds the head's state for its chunks.
+  __device__ __forceinline__ void finish() {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * nt;
-      if (i < kTotal) {
-        const int t = vllm ? i % kTile : i / CPT;
-        const int c = vllm ? i / kTile : i % CPT;
-        *reinterpret_cast<uint4*>(s_k + t * D + c * CE) = kr[u];
-        if (!vllm) *reinterpret_cast<uint4*>(s_v + t * D + c * CE) = vr[u];
-      }
+    for (int o = 1; o < NR; o *= 2) l += __shfl_xor_sync(kFullMask, l, o);
+#pragma unroll
+    for (int o = L; o < 32; o *= 2) {
+      const float mo = __shfl_xor_sync(kFullMask, m, o);
+      const float lo = __shfl_xor_sync(kFullMask, l, o);
+      const math::MergeFactors mf = math::merge_factors2(m, mo);
+      l = l * mf.fa + lo * mf.fb;
+#pragma unroll
+      for (int k = 0; k < KC; ++k)
+#pragma unroll
+        for (int e = 0; e < CE; ++e) {
+          const float ao = __shfl_xor_sync(kFullMask, acc[k][e], o);
+          acc[k][e] = acc[k][e] * mf.fa + ao * mf.fb;
+        }
+      m = mf.m;
     }
   }
-  if (!vllm) return;
 
-  // V (vLLM, [blocks, kv_heads, D, block_size]): a 16-byte chunk is CE consecutive tokens of one d.
-  // Chunks start at multiples of CE, which divides block_size and the tile (tiles start at a
-  // multiple of block_size or of kTile), so a chunk never straddles a block. Transposed into
-  // [token][d] with scalar shared stores.
-  constexpr int kGroups = kTile / CE;
-  constexpr int kVTotal = D * kGroups;
-  for (int base = tid; base < kVTotal; base += nt * U) {
-    uint4 vr[U];
+  /// Slice 0 writes: V1 the normalised output row, V2 the partial (m, l, acc / l).
+  __device__ __forceinline__ void write(const DecodeParams& p, int seq, int q_head, int part) const {
+    if (z != 0) return;
+    if (p.write_partials) {
+      const int64_t idx = math::partial_index(seq, q_head, part, p.num_q_heads, p.max_partitions);
+      if (j == 0) {
+        p.max_logits[idx] = m * math::kLn2;  // back to natural logits for the merge
+        p.exp_sums[idx] = l;
+      }
+      float* dst = p.partial_out + idx * D;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * nt;
-      vr[u] = zero;
-      if (i < kVTotal) {
-        const int g = i % kGroups;
-        const int d = i / kGroups;
-        const int pos0 = tile_start + g * CE;
-        if (pos0 < end) {
-          const int64_t blk = __ldg(table + pos0 / bs);
-          const int64_t vo = math::v_offset(p.layout, blk, kv_head, pos0 % bs, d, p.num_kv_heads, D, bs);
-          vr[u] = __ldg(reinterpret_cast<const uint4*>(v_cache + vo));
+      for (int k = 0; k < KC; ++k) {
+        const int c = j + k * L;
+        if (!lane_chunk_valid(c)) continue;
+#pragma unroll
+        for (int e = 0; e < CE; e += 4) {
+          float4 o;
+          o.x = math::normalise(acc[k][e + 0], l);
+          o.y = math::normalise(acc[k][e + 1], l);
+          o.z = math::normalise(acc[k][e + 2], l);
+          o.w = math::normalise(acc[k][e + 3], l);
+          *reinterpret_cast<float4*>(dst + c * CE + e) = o;
         }
       }
-    }
+    } else {
+      T* dst = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * nt;
-      if (i < kVTotal) {
-        const int g = i % kGroups;
-        const int d = i / kGroups;
-        const int pos0 = tile_start + g * CE;
-        Chunk<T> c;
-        c.raw = vr[u];
-        Bits<T>* sv = reinterpret_cast<Bits<T>*>(s_v);
+      for (int k = 0; k < KC; ++k) {
+        const int c = j + k * L;
+        if (!lane_chunk_valid(c)) continue;
+        float o[CE];
 #pragma unroll
-        for (int e = 0; e < CE; ++e) sv[(g * CE + e) * D + d] = (pos0 + e < end) ? c.bits[e] : Bits<T>(0);
+        for (int e = 0; e < CE; ++e) o[e] = math::normalise(acc[k][e], l);
+        *reinterpret_cast<uint4*>(dst + c * CE) = Conv::pack(o);
       }
     }
   }
-}
+};
 
 // ---------------------------------------------------------------- device body
 
-/// Loads a lane's VEC elements (kChunksPerLane 16-byte vectors) starting at src as floats.
-template <typename T, int D>
-__device__ __forceinline__ void load_lane_vec(const T* src, float (&dst)[DecodePolicy<sizeof(T), D>::kVec]) {
-  using Pol = DecodePolicy<sizeof(T), D>;
-#pragma unroll
-  for (int c = 0; c < Pol::kChunksPerLane; ++c) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(src + c * Pol::kChunkElems);
-#pragma unroll
-    for (int e = 0; e < Pol::kChunkElems; ++e) dst[c * Pol::kChunkElems + e] = chunk_elem<T>(raw, e);
-  }
-}
+template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
+__device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
+  using P = Pass1Policy<sizeof(T), D>;
+  constexpr int S = P::kStages;
+  constexpr int NTOK = P::kTileTokens;
+  constexpr int NSEG = P::kMaxSegments;
+  constexpr int kStageChunks = 2 * P::kTileChunks;
 
-template <typename T, int D>
-__device__ __forceinline__ void paged_decode_body(const DecodeParams& p, bool write_partials) {
-  using Pol = DecodePolicy<sizeof(T), D>;
-  constexpr int kTile = Pol::kTile;
-  constexpr int LANES = Pol::kLanes;
-  constexpr int VEC = Pol::kVec;
-  constexpr int CE = Pol::kChunkElems;
-
-  __shared__ uint4 s_kv_raw[2 * kTile * D * sizeof(T) / 16];
-  __shared__ float s_logits[Pol::kMaxHeadsPerBlock * kTile];
-  __shared__ float s_merge_acc[Pol::kMergeRows * Pol::kDPad];
-  __shared__ float s_merge_ml[2 * Pol::kMergeRows];
-  T* s_k = reinterpret_cast<T*>(s_kv_raw);
-  T* s_v = s_k + kTile * D;
+  __shared__ __align__(P::kStageAlign) uint4 s_stages[S * kStageChunks];
+  __shared__ int32_t s_seg[S * NSEG];
+  char* const stages = reinterpret_cast<char*>(s_stages);
 
   const int part = blockIdx.x;
   const int seq = blockIdx.z;
@@ -181,189 +436,98 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p, bool wr
   const int start = static_cast<int>(start64);
   const int end = static_cast<int>(start64 + p.partition_size < len ? start64 + p.partition_size : len);
 
-  const int tid = threadIdx.x;
-  const int lane = tid % LANES;
-  const int row = tid / LANES;
-  const int gy = p.heads_per_block;
-  const int rows = blockDim.x / LANES;
-  const int zs = rows / gy;      // token slices per head (power of two)
-  const int tpr = kTile / zs;    // tokens per row per tile
-  const int hy = row % gy;       // rows of one slice sit next to each other: they read the same tokens
-  const int z = row / gy;
-  const int head_in_group = chunk * gy + hy;
-  const bool head_valid = head_in_group < p.group_size;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int head_in_group = chunk * p.heads_per_block + warp;
+  // Warp-uniform. Warps past heads_per_block (blocks of small groups have four warps) only copy.
+  const bool head_valid = warp < p.heads_per_block && head_in_group < p.group_size;
   const int q_head = kv_head * p.group_size + head_in_group;
-  const bool active = lane < Pol::kActiveLanes;
-  const int d0 = lane * VEC;
-
-  float q[VEC], acc[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) q[j] = acc[j] = 0.0f;
-  if (head_valid && active)
-    load_lane_vec<T, D>(static_cast<const T*>(p.q) + (static_cast<int64_t>(seq) * p.num_q_heads + q_head) * D + d0, q);
-  const float slope = (head_valid && p.alibi_slopes != nullptr) ? p.alibi_slopes[q_head] : 0.0f;
-  float m = math::neg_inf();
-  float l = 0.0f;
-
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
-  float* my_logits = s_logits + row * tpr;  // rows * tpr = gy * kTile <= kMaxHeadsPerBlock * kTile
+
+  const TileLoader<T, D, kLayout> loader(p, kv_head);
+  Math<T, D, kLayout> math;
+  if (head_valid) math.init(p, seq, q_head, len);
+
+  const int ntiles = (end - start + NTOK - 1) / NTOK;
+  const int nseg = loader.segments();
+  auto stage_k = [&](int t) { return stages + (t % S) * (kStageChunks * 16); };
+  auto stage_v = [&](int t) { return stages + (t % S) * (kStageChunks * 16) + P::kTileChunks * 16; };
+
+  // Prologue: segment offsets of tiles 0 .. S-1, then tiles 0 .. S-2 in flight (one group each,
+  // empty groups included, so that group counting is the same for every thread and length).
+  int bad = 0;  // first clamped block id seen by this thread (index + 1), reported at the end
+  if (tid < nseg) {
+    for (int t = 0; t < S && t < ntiles; ++t) {
+      const int ts = start + t * NTOK;
+      s_seg[(t % S) * NSEG + tid] = loader.clamp_id(p, loader.load_id(table, ts, end, tid), loader.segment_index(ts, tid), bad);
+    }
+  }
+  __syncthreads();
+  for (int t = 0; t < S - 1; ++t) {
+    if (t < ntiles) loader.issue(stage_k(t), stage_v(t), s_seg + (t % S) * NSEG, start + t * NTOK, end);
+    dev::cp_async_commit();
+  }
 
   // ------------------------------------------------ main loop over tiles (block-uniform bounds)
-  for (int tile_start = start; tile_start < end; tile_start += kTile) {
-    __syncthreads();  // previous tile fully consumed before it is overwritten
-    load_kv_tile<T, D>(p, table, kv_head, tile_start, end, s_k, s_v);
-    __syncthreads();
-
-    // Scores of this row's TPR tokens. Every lane of the warp runs every iteration (the shuffles use
-    // the full mask; rows of LANES lanes are aligned groups of the warp, and xor offsets < LANES stay
-    // inside the row). After the butterfly every lane holds the same bitwise sum.
-    float tile_max = math::neg_inf();
-    for (int i = 0; i < tpr; ++i) {
-      const int t = z * tpr + i;
-      float dot = 0.0f;
-      if (active) {
-        float k[VEC];
-        load_lane_vec<T, D>(s_k + t * D + d0, k);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) dot = fmaf(q[j], k[j], dot);
-      }
-#pragma unroll
-      for (int off = LANES / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      const int pos = tile_start + t;
-      const float s = pos < end ? math::logit(dot, p.scale, slope, pos, len) : math::neg_inf();
-      if (lane == 0) my_logits[i] = s;
-      tile_max = fmaxf(tile_max, s);
-    }
-    __syncwarp();
-
-    // One rescale per tile, then accumulate p * v (zero-filled V past the end keeps this finite).
-    const float f = math::online_rescale(m, l, tile_max);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) acc[j] *= f;
-    for (int i = 0; i < tpr; ++i) {
-      const float w = math::exp_shifted(my_logits[i], m);
-      l += w;
-      if (active) {
-        float v[VEC];
-        load_lane_vec<T, D>(s_v + (z * tpr + i) * D + d0, v);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j] = fmaf(w, v[j], acc[j]);
-      }
-    }
+  for (int t = 0; t < ntiles; ++t) {
+    dev::cp_async_wait<S - 2>();  // this thread's copies of tile t have landed
+    __syncthreads();              // everyone's have; and everyone is done with tile t-1's stage
+    const int tn = t + S - 1;
+    if (tn < ntiles) loader.issue(stage_k(tn), stage_v(tn), s_seg + (tn % S) * NSEG, start + tn * NTOK, end);
+    dev::cp_async_commit();
+    // Block ids of tile t+S: loaded now, stored after the math so the load's latency hides behind
+    // it. Slot (t+S) % S held tile t's offsets, whose copies were issued S-1 iterations ago.
+    const int tf = t + S;
+    const bool fetch = tid < nseg && tf < ntiles;
+    const int32_t id = fetch ? loader.load_id(table, start + tf * NTOK, end, tid) : 0;
+    if (head_valid) math.consume(dev::smem_addr(stage_k(t)), dev::smem_addr(stage_v(t)), start + t * NTOK, end);
+    if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.clamp_id(p, id, loader.segment_index(start + tf * NTOK, tid), bad);
   }
+  TileLoader<T, D, kLayout>::report_bad_block(p, seq, bad);
 
-  // ------------------------------------------------ merge the token slices of each head
-  // zs > 1 only at kMinThreads threads, so rows - gy <= kMergeRows. Fixed order: deterministic.
-  if (zs > 1) {
-    if (z > 0) {
-      const int slot = (z - 1) * gy + hy;
-      if (active) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) s_merge_acc[slot * Pol::kDPad + d0 + j] = acc[j];
-      }
-      if (lane == 0) {
-        s_merge_ml[2 * slot] = m;
-        s_merge_ml[2 * slot + 1] = l;
-      }
-    }
-    __syncthreads();
-    if (z == 0) {
-      for (int zz = 1; zz < zs; ++zz) {
-        const int slot = (zz - 1) * gy + hy;
-        const math::MergeFactors mf = math::merge_factors(m, s_merge_ml[2 * slot]);
-        l = l * mf.fa + s_merge_ml[2 * slot + 1] * mf.fb;
-        if (active) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j)
-            acc[j] = acc[j] * mf.fa + s_merge_acc[slot * Pol::kDPad + d0 + j] * mf.fb;
-        }
-        m = mf.m;
-      }
-    }
-  }
-  if (z != 0 || !head_valid) return;  // no barrier below
-
-  // ------------------------------------------------ write
-  if (write_partials) {
-    const int64_t idx = math::partial_index(seq, q_head, part, p.num_q_heads, p.max_partitions);
-    if (lane == 0) {
-      p.max_logits[idx] = m;
-      p.exp_sums[idx] = l;
-    }
-    if (active) {
-      float* dst = p.partial_out + idx * D + d0;
-#pragma unroll
-      for (int c = 0; c < VEC / 4; ++c) {
-        float4 o;
-        o.x = math::normalise(acc[4 * c + 0], l);
-        o.y = math::normalise(acc[4 * c + 1], l);
-        o.z = math::normalise(acc[4 * c + 2], l);
-        o.w = math::normalise(acc[4 * c + 3], l);
-        *reinterpret_cast<float4*>(dst + 4 * c) = o;
-      }
-    }
-  } else if (active) {
-    T* dst = static_cast<T*>(p.out) + (static_cast<int64_t>(seq) * p.num_q_heads + q_head) * D + d0;
-#pragma unroll
-    for (int c = 0; c < Pol::kChunksPerLane; ++c) {
-      Chunk<T> o;
-#pragma unroll
-      for (int e = 0; e < CE; ++e) o.bits[e] = float_to_bits<T>(math::normalise(acc[c * CE + e], l));
-      *reinterpret_cast<uint4*>(dst + c * CE) = o.raw;
-    }
-  }
+  if (!head_valid) return;  // no barrier below
+  math.finish();
+  math.write(p, seq, q_head, part);
 }
 
-// ---------------------------------------------------------------- kernels
+// ---------------------------------------------------------------- kernel
 
-template <typename T, int D>
-__global__ void __launch_bounds__(512) PagedDecodeV1Kernel(const __grid_constant__ DecodeParams p) {
-  paged_decode_body<T, D>(p, /*write_partials=*/false);
-}
-
-template <typename T, int D>
-__global__ void __launch_bounds__(512) PagedDecodeV2Kernel(const __grid_constant__ DecodeParams p) {
-  paged_decode_body<T, D>(p, /*write_partials=*/true);
+template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
+__global__ void __maxnreg__(kPass1MaxRegisters)
+    PagedDecodeKernel(const __grid_constant__ DecodeParams p) {
+  paged_decode_body<T, D, kLayout, Math>(p);
 }
 
 // ---------------------------------------------------------------- launcher
 
-/// Threads of a pass-1 block serving a GQA group of `group_size` query heads.
-template <typename T, int D>
-int paged_decode_threads(int group_size) {
-  using Pol = DecodePolicy<sizeof(T), D>;
-  return cmax(Pol::kMinThreads, Pol::kLanes * next_pow2(cmin(group_size, Pol::kMaxHeadsPerBlock)));
-}
+/// Block size of the pass-1 kernel for a GQA group (decode_policy.hpp).
+inline int paged_decode_threads(int group_size) { return pass1_threads_for(group_size); }
 
-template <typename T, int D>
+template <typename T, int D, KVLayout kLayout>
 int paged_decode_blocks_per_sm(int group_size) {
   int blocks = 0;
-  DG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, PagedDecodeV2Kernel<T, D>,
-                                                              paged_decode_threads<T, D>(group_size), 0));
+  DG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &blocks, PagedDecodeKernel<T, D, kLayout, CudaCoreMath>, paged_decode_threads(group_size), 0));
   return blocks;
 }
 
-template <typename T, int D>
-void launch_paged_decode(DecodeParams p, bool write_partials, cudaStream_t stream) {
-  using Pol = DecodePolicy<sizeof(T), D>;
+template <typename T, int D, KVLayout kLayout>
+void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
   p.group_size = p.num_q_heads / p.num_kv_heads;
-  const int gy = next_pow2(cmin(p.group_size, Pol::kMaxHeadsPerBlock));
-  p.heads_per_block = gy;
-  p.head_chunks = (p.group_size + gy - 1) / gy;
-  const int threads = paged_decode_threads<T, D>(p.group_size);
+  p.head_chunks = pass1_head_chunks_for(p.group_size);
+  p.heads_per_block = pass1_heads_per_block_for(p.group_size);
+  p.block_size_log2 = ilog2(p.block_size);
+  const int threads = paged_decode_threads(p.group_size);
   // Grid y and z are limited to 65535 blocks.
   require(p.num_seqs <= 65535, "num_seqs", p.num_seqs, "at most 65535 per launch");
-  require(p.num_kv_heads * p.head_chunks <= 65535, "num_kv_heads", p.num_kv_heads,
+  require(static_cast<int64_t>(p.num_kv_heads) * p.head_chunks <= 65535, "num_kv_heads", p.num_kv_heads,
           "at most 65535 / head chunks per launch");
-  const dim3 grid(static_cast<unsigned>(write_partials ? p.max_partitions : 1),
+  const dim3 grid(static_cast<unsigned>(p.write_partials ? p.max_partitions : 1),
                   static_cast<unsigned>(p.num_kv_heads * p.head_chunks), static_cast<unsigned>(p.num_seqs));
-  const char* name = write_partials ? "PagedDecodeV2Kernel" : "PagedDecodeV1Kernel";
+  const char* name = p.write_partials ? "PagedDecodeKernel (V2 pass 1)" : "PagedDecodeKernel (V1)";
   if (fault::should_fail(fault::Site::kKernelLaunch))
     throw Error(std::string("launch of ") + name + " failed: injected fault (kernel launch)");
-  if (write_partials)
-    PagedDecodeV2Kernel<T, D><<<grid, threads, 0, stream>>>(p);
-  else
-    PagedDecodeV1Kernel<T, D><<<grid, threads, 0, stream>>>(p);
+  PagedDecodeKernel<T, D, kLayout, CudaCoreMath><<<grid, threads, 0, stream>>>(p);
   DG_CUDA_CHECK_LAUNCH(name);
 }
 

@@ -72,8 +72,10 @@ void paged_attention(const DecodeArgs& args, double* out64) {
     std::vector<double> q(hs), logits(len);
     for (int h = 0; h < s.num_q_heads; ++h) {
       const int kvh = h / group;
-      const int64_t row = (static_cast<int64_t>(seq) * s.num_q_heads + h) * hs;
-      for (int d = 0; d < hs; ++d) q[d] = load_as_float(s.dtype, args.q, row + d);
+      // q: row `seq` starts q_stride elements after row seq - 1 (0: rows packed), heads contiguous.
+      const int64_t q_row = args.q_stride != 0 ? args.q_stride : int64_t{s.num_q_heads} * hs;
+      for (int d = 0; d < hs; ++d) q[d] = load_as_float(s.dtype, args.q, seq * q_row + int64_t{h} * hs + d);
+      const int64_t row = (static_cast<int64_t>(seq) * s.num_q_heads + h) * hs;  // of out64 (packed)
       const double slope = args.alibi_slopes ? double(args.alibi_slopes[h]) : 0.0;
 
       double mx = -INFINITY;

@@ -29,6 +29,15 @@ void require_ptr(const void* p, std::string_view name, std::uintptr_t align) {
 
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
+// A row stride (elements between consecutive rows): 0 (contiguous) or at least one row of `row`
+// elements and a multiple of 16 bytes (the kernels move rows in 16-byte chunks).
+void require_row_stride(int64_t stride, std::string_view name, int64_t row, std::size_t elem_bytes) {
+  const int64_t per_chunk = static_cast<int64_t>(16 / elem_bytes);
+  require(stride == 0 || (stride >= row && stride % per_chunk == 0), name, stride,
+          "0 (contiguous) or a multiple of " + std::to_string(per_chunk) + " elements (16 bytes) that is >= " +
+              std::to_string(row) + " (one row)");
+}
+
 }  // namespace
 
 void validate_partition_size(const AttentionSpec& spec, int partition_size) {
@@ -50,6 +59,9 @@ void validate_decode_args(const DecodeArgs& a) {
               " / " + std::to_string(s.block_size) + ") = " +
               std::to_string((a.max_seq_len + s.block_size - 1) / s.block_size));
 
+  const std::size_t esz = dtype_size(s.dtype);
+  require_row_stride(a.q_stride, "q_stride", static_cast<int64_t>(s.num_q_heads) * s.head_size, esz);
+  require_row_stride(a.out_stride, "out_stride", static_cast<int64_t>(s.num_q_heads) * s.head_size, esz);
   require_ptr(a.q, "q", kTensorAlign);
   require_ptr(a.out, "out", kTensorAlign);
   require_ptr(a.k_cache, "k_cache", kTensorAlign);
@@ -58,11 +70,14 @@ void validate_decode_args(const DecodeArgs& a) {
   require_ptr(a.seq_lens, "seq_lens", alignof(int32_t));
   if (a.alibi_slopes != nullptr) require_ptr(a.alibi_slopes, "alibi_slopes", alignof(float));
 
+  if (a.bad_block != nullptr) require_ptr(a.bad_block, "bad_block", alignof(int));
+
   if (a.host_seq_lens != nullptr) {
-    const std::string allowed = "1 .. max_seq_len = 1 .. " + std::to_string(a.max_seq_len);
+    // 0 marks a padded row (accepted everywhere; its output is left untouched).
+    const std::string allowed = "0 (padded row) .. max_seq_len = 0 .. " + std::to_string(a.max_seq_len);
     for (int i = 0; i < a.num_seqs; ++i) {
       const int32_t len = a.host_seq_lens[i];
-      require(len > 0 && len <= a.max_seq_len, "seq_lens[" + std::to_string(i) + "]", len,
+      require(len >= 0 && len <= a.max_seq_len, "seq_lens[" + std::to_string(i) + "]", len,
               allowed);
     }
   }
@@ -123,6 +138,9 @@ void validate_append_args(const AppendArgs& a) {
   validate_spec(a.spec);
   require(a.num_tokens > 0, "num_tokens", a.num_tokens, "a positive integer");
   require(a.num_blocks > 0, "num_blocks", a.num_blocks, "a positive integer");
+  const int64_t row = static_cast<int64_t>(a.spec.num_kv_heads) * a.spec.head_size;
+  require_row_stride(a.key_stride, "key_stride", row, dtype_size(a.spec.dtype));
+  require_row_stride(a.value_stride, "value_stride", row, dtype_size(a.spec.dtype));
   require_ptr(a.key, "key", kTensorAlign);
   require_ptr(a.value, "value", kTensorAlign);
   require_ptr(a.k_cache, "k_cache", kTensorAlign);

@@ -1,7 +1,9 @@
-// Internal: argument checks shared by the two V2 entry points (the CUDA launcher and host::).
+// Internal: argument checks shared by the two V2 entry points (the CUDA launcher and host::), and
+// the row strides every implementation resolves the same way.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "decodegraph/attention.hpp"
 
@@ -11,5 +13,20 @@ namespace decodegraph::detail {
 /// aligned) and size. Returns the workspace layout the checks computed.
 V2WorkspaceLayout validate_v2_args(const DecodeArgs& args, int partition_size, const void* workspace,
                                    std::size_t workspace_bytes);
+
+/// Elements between consecutive sequences' rows of q / out, and tokens' rows of key / value:
+/// the stride given, or one packed row when it is 0.
+inline int64_t q_row_stride(const DecodeArgs& a) {
+  return a.q_stride != 0 ? a.q_stride : static_cast<int64_t>(a.spec.num_q_heads) * a.spec.head_size;
+}
+inline int64_t out_row_stride(const DecodeArgs& a) {
+  return a.out_stride != 0 ? a.out_stride : static_cast<int64_t>(a.spec.num_q_heads) * a.spec.head_size;
+}
+inline int64_t key_row_stride(const AppendArgs& a) {
+  return a.key_stride != 0 ? a.key_stride : static_cast<int64_t>(a.spec.num_kv_heads) * a.spec.head_size;
+}
+inline int64_t value_row_stride(const AppendArgs& a) {
+  return a.value_stride != 0 ? a.value_stride : static_cast<int64_t>(a.spec.num_kv_heads) * a.spec.head_size;
+}
 
 }  // namespace decodegraph::detail

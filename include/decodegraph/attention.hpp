@@ -2,11 +2,13 @@
 // the KV append (vLLM reshape_and_cache), and their float64 / host counterparts.
 //
 // Shapes (elements of spec.dtype unless noted):
-//   q, out        [num_seqs, num_q_heads, head_size]
+//   q, out        [num_seqs, num_q_heads, head_size]: one row per sequence; rows may be q_stride /
+//                 out_stride elements apart (e.g. q inside a fused QKV buffer), heads contiguous
 //   k_cache       kVLLM: [num_blocks, kv_heads, head_size/x, block_size, x]; kNHD: [num_blocks, block_size, kv_heads, head_size]
 //   v_cache       kVLLM: [num_blocks, kv_heads, head_size, block_size];      kNHD: as k_cache
 //   block_tables  int32 [num_seqs, block_table_stride]
-//   seq_lens      int32 [num_seqs]; 0 marks a padded row (its output is left untouched)
+//   seq_lens      int32 [num_seqs], each 0 .. max_seq_len; 0 marks a padded row: accepted everywhere
+//                 (validation, kernels, host implementation, reference), its output left untouched
 //   alibi_slopes  fp32 [num_q_heads] or null; bias = slope * (pos - seq_len + 1)
 #pragma once
 
@@ -28,6 +30,12 @@ struct DecodeArgs {
   int block_table_stride = 0;
   /// Number of blocks in the cache (block ids must lie in [0, num_blocks)).
   int num_blocks = 0;
+  /// Elements between the rows of consecutive sequences in q and in out; 0 = contiguous
+  /// (num_q_heads * head_size). Otherwise at least num_q_heads * head_size and a multiple of
+  /// 16 bytes. A fused QKV buffer [num_seqs, (num_q_heads + 2 * num_kv_heads) * head_size] has
+  /// q at its start with q_stride = (num_q_heads + 2 * num_kv_heads) * head_size.
+  int64_t q_stride = 0;
+  int64_t out_stride = 0;
 
   const void* q = nullptr;
   void* out = nullptr;
@@ -42,6 +50,14 @@ struct DecodeArgs {
   const int32_t* host_seq_lens = nullptr;
   /// Optional host copy of block_tables, checked against num_blocks when given.
   const int32_t* host_block_tables = nullptr;
+
+  /// Optional device int (CUDA launchers only; host:: and reference:: check ids and throw instead).
+  /// The kernels clamp every block id they read to [0, num_blocks), so a bad id never reads outside
+  /// the cache; when this is non-null, they also record one: the first bad entry seen stores
+  /// (seq * block_table_stride + index) + 1 here (atomicCAS from 0; clamped to INT_MAX), so the
+  /// caller can find the entry. The caller zeroes it and reads it after the launch; a non-zero value
+  /// means that output rows computed from a bad id are wrong (they used a clamped block instead).
+  int* bad_block = nullptr;
 };
 
 /// Partitions a sequence of `len` tokens needs at partition size P.
@@ -64,19 +80,28 @@ V2WorkspaceLayout v2_workspace_layout(const AttentionSpec& spec, int num_seqs, i
 std::size_t v2_workspace_size(const AttentionSpec& spec, int num_seqs, int max_seq_len,
                               int partition_size);
 
-/// Throws Error for every invalid argument (spec, counts, null/misaligned pointers, a block table too
-/// narrow for max_seq_len, and host_seq_lens / host_block_tables contents when given). Run by every
-/// entry point below before anything is launched.
+/// Throws Error for every invalid argument (spec, counts, strides, null/misaligned pointers, a block
+/// table too narrow for max_seq_len, and host_seq_lens (0 .. max_seq_len; 0 = padded row) /
+/// host_block_tables contents when given). Run by every entry point below before anything is
+/// launched.
 void validate_decode_args(const DecodeArgs& args);
 /// Throws Error unless partition_size is a positive multiple of block_size.
 void validate_partition_size(const AttentionSpec& spec, int partition_size);
 
 /// KV append arguments (vLLM reshape_and_cache): key/value [num_tokens, num_kv_heads, head_size];
 /// slot_mapping int64 [num_tokens]: slot = block_id * block_size + offset; a negative slot is skipped.
+/// On the device a slot at or past num_blocks * block_size is skipped too (never written out of
+/// bounds); the host implementation and validation with host_slot_mapping reject it.
 struct AppendArgs {
   AttentionSpec spec;
   int num_tokens = 0;
   int num_blocks = 0;
+  /// Elements between consecutive tokens' rows of key / value; 0 = contiguous
+  /// (num_kv_heads * head_size). Otherwise at least num_kv_heads * head_size and a multiple of
+  /// 16 bytes. In a fused QKV buffer, key = base + num_q_heads * head_size, value = key +
+  /// num_kv_heads * head_size, both strides (num_q_heads + 2 * num_kv_heads) * head_size.
+  int64_t key_stride = 0;
+  int64_t value_stride = 0;
   const void* key = nullptr;
   const void* value = nullptr;
   void* k_cache = nullptr;
@@ -112,7 +137,8 @@ void append_kv(const AppendArgs& args);
 // ---------------------------------------------------------------- float64 reference
 namespace reference {
 /// Plain-loop float64 attention gathering K/V through the block table for either layout.
-/// out64 [num_seqs, num_q_heads, head_size]; rows with seq_len 0 are left untouched.
+/// q is read with q_stride; out64 is always contiguous [num_seqs, num_q_heads, head_size] (out_stride
+/// does not apply); rows with seq_len 0 are left untouched.
 void paged_attention(const DecodeArgs& args, double* out64);
 }  // namespace reference
 

@@ -2,13 +2,15 @@
 // the supported grid, irregular and long lengths, odd batches, large logits, partition-size
 // independence, determinism, padded rows, the vLLM-shaped case, GQA groups above 16 (head
 // chunks), NaN in cache slots past the lengths, caches past 2^31 elements, the KV append against
-// the host append and explicit layout offsets, the naive kernel, the length clamp and the
-// kernel-launch fault seam.
+// the host append and explicit layout offsets, the naive kernel, the length clamp, the
+// kernel-launch fault seam, a fused QKV buffer read through row strides, padded rows with host
+// lengths, and block ids outside the cache (clamped, reported through bad_block).
 // Every test starts with DG_REQUIRE_GPU(): without a device it reports itself skipped.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -100,9 +102,8 @@ struct DeviceProblem {
     args.v_cache = v->ptr;
     args.block_tables = static_cast<const int32_t*>(tables->ptr);
     args.seq_lens = static_cast<const int32_t*>(lens->ptr);
-    // The host length copy is validated as 1..max_seq_len, so it is given only without padded rows.
-    const bool padded = std::any_of(p.lens.begin(), p.lens.end(), [](int32_t l) { return l == 0; });
-    args.host_seq_lens = padded ? nullptr : p.lens.data();
+    // The host length copy is validated (0 .. max_seq_len; 0 = padded row) before every launch.
+    args.host_seq_lens = p.lens.data();
     args.host_block_tables = nullptr;  // unused table entries hold -1 on purpose
     if (!p.slopes.empty()) {
       slopes = std::make_unique<DevBuf>(p.slopes.size() * sizeof(float));
@@ -593,7 +594,7 @@ TEST(GpuKernels, LaunchFaultSeamAndWorkspaceCheck) {
       paged_attention_v1(dp.args, nullptr);
       ADD_FAILURE() << "injected launch fault not reported";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("PagedDecodeV1Kernel"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("PagedDecodeKernel (V1)"), std::string::npos) << e.what();
     }
   }
   {
@@ -611,6 +612,195 @@ TEST(GpuKernels, LaunchFaultSeamAndWorkspaceCheck) {
   CUDA_OK(cudaDeviceSynchronize());
   dp.run_v2(512);  // unarmed again: a normal run works and is right
   EXPECT_TRUE(p->check(gpu_tol(DType::kFloat16)));
+}
+
+// ---------------------------------------------------------------- strides, padded rows, bad ids
+
+// A fused QKV buffer [batch, (hq + 2 hk) x d] feeds the append (key/value strides) and the attention
+// (q stride) in place; out rows are written out_stride apart. The caches must equal the host
+// append's, the gaps between output rows and the padded row must stay untouched, and V1, V2 and
+// the naive kernel must match the reference (which reads q through the stride itself).
+TEST(GpuKernels, FusedQkvBufferThroughRowStrides) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (DType dt : kDTypes) {
+    for (KVLayout layout : kLayouts) {
+      ProblemSpec ps;
+      ps.spec = make_spec(dt, i % 2 ? 128 : 80, i % 3 == 0 ? 8 : 16, layout, 8, 2);
+      ps.lens = {37, 0, 1, 300, 16, 17, 90};
+      ps.distinct_blocks = true;
+      ps.seed = 800 + i++;
+      auto p = dgtest::make_problem(ps);
+      const AttentionSpec& s = ps.spec;
+      SCOPED_TRACE(describe(s));
+      const int n = static_cast<int>(ps.lens.size()), d = s.head_size, hq = s.num_q_heads, hk = s.num_kv_heads;
+      const std::size_t es = dtype_size(dt);
+      const int64_t row = static_cast<int64_t>(hq + 2 * hk) * d;
+      auto fused = dgtest::make_buffer(dt, static_cast<std::size_t>(n) * row);
+      std::mt19937_64 rng(ps.seed);
+      dgtest::fill_uniform(dt, fused.data(), static_cast<std::size_t>(n) * row, rng);
+      std::vector<int64_t> slots;
+      for (int sq = 0; sq < n; ++sq) {
+        const int len = ps.lens[sq];
+        const int32_t blk = len == 0 ? 0 : p->tables[sq * p->args.block_table_stride + (len - 1) / s.block_size];
+        slots.push_back(len == 0 ? -1 : static_cast<int64_t>(blk) * s.block_size + (len - 1) % s.block_size);
+      }
+      DeviceProblem dp(*p);  // caches before the append
+      DevBuf dfused(fused.bytes), dslots(slots.size() * sizeof(int64_t));
+      dfused.upload(fused.data(), fused.bytes);
+      dslots.upload(slots.data(), slots.size() * sizeof(int64_t));
+
+      // Host: append from the fused buffer, then the reference on the appended caches.
+      AppendArgs ha;
+      ha.spec = s;
+      ha.num_tokens = n;
+      ha.num_blocks = p->args.num_blocks;
+      ha.key = static_cast<const char*>(fused.data()) + int64_t{hq} * d * es;
+      ha.value = static_cast<const char*>(fused.data()) + int64_t{hq + hk} * d * es;
+      ha.key_stride = row;
+      ha.value_stride = row;
+      ha.k_cache = p->k.data();
+      ha.v_cache = p->v.data();
+      ha.slot_mapping = slots.data();
+      host::append_kv(ha);
+      DecodeArgs ra = p->args;
+      ra.q = fused.data();
+      ra.q_stride = row;
+      p->ref.assign(p->out_elems, std::nan(""));
+      reference::paged_attention(ra, p->ref.data());
+
+      // Device: the same append, then the attention straight from the fused buffer.
+      AppendArgs da = ha;
+      da.key = static_cast<const char*>(dfused.ptr) + int64_t{hq} * d * es;
+      da.value = static_cast<const char*>(dfused.ptr) + int64_t{hq + hk} * d * es;
+      da.k_cache = dp.k->ptr;
+      da.v_cache = dp.v->ptr;
+      da.slot_mapping = static_cast<const int64_t*>(dslots.ptr);
+      da.host_slot_mapping = slots.data();
+      append_kv(da, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      auto gk = dgtest::make_buffer(dt, p->k.bytes / es), gv = dgtest::make_buffer(dt, p->v.bytes / es);
+      dp.k->download(gk.data(), gk.bytes);
+      dp.v->download(gv.data(), gv.bytes);
+      EXPECT_EQ(std::memcmp(gk.data(), p->k.data(), p->k.bytes), 0) << "strided append: K cache differs";
+      EXPECT_EQ(std::memcmp(gv.data(), p->v.data(), p->v.bytes), 0) << "strided append: V cache differs";
+
+      const int64_t out_stride = int64_t{hq} * d + 24;  // a 16-byte multiple of gap for every dtype
+      const std::size_t wide_elems = static_cast<std::size_t>(n) * out_stride;
+      auto poison = dgtest::make_buffer(dt, wide_elems), got = dgtest::make_buffer(dt, wide_elems);
+      dgtest::poison(dt, poison.data(), wide_elems);
+      DevBuf dout(poison.bytes);
+      DecodeArgs a = dp.args;
+      a.q = dfused.ptr;
+      a.q_stride = row;
+      a.out = dout.ptr;
+      a.out_stride = out_stride;
+      const std::size_t wb = v2_workspace_size(s, n, a.max_seq_len, 2 * s.block_size);
+      DevBuf ws(wb);
+      for (int kernel = 0; kernel < 3; ++kernel) {
+        const char* name = kernel == 0 ? "V1" : kernel == 1 ? "V2" : "naive";
+        dout.upload(poison.data(), poison.bytes);
+        if (kernel == 0) paged_attention_v1(a, nullptr);
+        if (kernel == 1) paged_attention_v2(a, 2 * s.block_size, ws.ptr, wb, nullptr);
+        if (kernel == 2) naive::paged_attention_v1(a, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        dout.download(got.data(), got.bytes);
+        auto packed = dgtest::make_buffer(dt, p->out_elems);
+        for (int r = 0; r < n; ++r) {
+          const char* grow = static_cast<const char*>(got.data()) + r * out_stride * es;
+          const char* prow = static_cast<const char*>(poison.data()) + r * out_stride * es;
+          EXPECT_EQ(std::memcmp(grow + int64_t{hq} * d * es, prow + int64_t{hq} * d * es, 24 * es), 0)
+              << name << " wrote into the gap after row " << r;
+          if (ps.lens[r] == 0) EXPECT_EQ(std::memcmp(grow, prow, int64_t{hq} * d * es), 0) << name << " padded row";
+          std::memcpy(static_cast<char*>(packed.data()) + r * int64_t{hq} * d * es, grow, int64_t{hq} * d * es);
+        }
+        EXPECT_TRUE(dgtest::check_close(dt, packed.data(), p->ref.data(), n, hq, d, gpu_tol(dt).atol,
+                                        gpu_tol(dt).rtol, p->mask))
+            << name;
+      }
+    }
+  }
+}
+
+// The case reported in issue 11 (NHD fp32, 8q/2kv, head 64, seq_lens {0, 40}) with host lengths
+// given: accepted, the padded row left untouched, the live one right.
+TEST(GpuKernels, PaddedRowAcceptedWithHostLengths) {
+  DG_REQUIRE_GPU();
+  ProblemSpec ps;
+  ps.spec = make_spec(DType::kFloat32, 64, 16, KVLayout::kNHD, 8, 2);
+  ps.lens = {0, 40};
+  ps.seed = 1100;
+  auto p = dgtest::make_problem(ps);
+  p->run_reference();
+  DeviceProblem dp(*p);
+  ASSERT_EQ(dp.args.host_seq_lens, p->lens.data());
+  dp.args.host_block_tables = p->tables.data();  // entries a length uses are valid; row 0 uses none
+  const Tolerance t = gpu_tol(DType::kFloat32);
+  dp.run_v1();
+  EXPECT_TRUE(p->check(t)) << "V1";
+  EXPECT_TRUE(p->padded_rows_untouched()) << "V1";
+  dp.run_v2(16);
+  EXPECT_TRUE(p->check(t)) << "V2";
+  EXPECT_TRUE(p->padded_rows_untouched()) << "V2";
+  dp.run_naive();
+  EXPECT_TRUE(p->check(t)) << "naive";
+  EXPECT_TRUE(p->padded_rows_untouched()) << "naive";
+}
+
+// A block id outside [0, num_blocks) in a used table entry (cheap validation: no host copy of the
+// table) must not read outside the cache (the simulator's bounds checks abort on that) and must
+// be reported through bad_block as (seq * stride + index) + 1. Rows without a bad id stay right.
+TEST(GpuKernels, BadBlockIdsAreClampedAndReported) {
+  DG_REQUIRE_GPU();
+  for (KVLayout layout : kLayouts) {
+    ProblemSpec ps;
+    ps.spec = make_spec(DType::kBFloat16, 128, 16, layout, 8, 2);
+    ps.lens = {50, 20, 70};
+    ps.distinct_blocks = true;
+    ps.seed = 1200 + static_cast<int>(layout);
+    auto p = dgtest::make_problem(ps);
+    p->run_reference();
+    DeviceProblem dp(*p);
+    DevBuf flag(sizeof(int));
+    dp.args.bad_block = static_cast<int*>(flag.ptr);
+    const int stride = dp.args.block_table_stride;
+    struct Bad {
+      int seq, index, id;
+    };
+    const Bad cases[] = {{0, 2, p->args.num_blocks + 5}, {2, 0, -3}, {2, 4, 1 << 30}};
+    for (const Bad& b : cases) {
+      SCOPED_TRACE(describe(ps.spec) + " block_tables[" + std::to_string(b.seq) + "][" + std::to_string(b.index) +
+                   "] = " + std::to_string(b.id));
+      std::vector<int32_t> tables = p->tables;
+      tables[b.seq * stride + b.index] = b.id;
+      dp.tables->upload(tables.data(), tables.size() * sizeof(int32_t));
+      std::vector<bool> good(p->mask);
+      good[b.seq] = false;  // this row used a clamped block: its values are not checked
+      for (int kernel = 0; kernel < 3; ++kernel) {
+        const char* name = kernel == 0 ? "V1" : kernel == 1 ? "V2" : "naive";
+        const int zero = 0;
+        flag.upload(&zero, sizeof zero);
+        if (kernel == 0) dp.run_v1();
+        if (kernel == 1) dp.run_v2(32);
+        if (kernel == 2) dp.run_naive();
+        int seen = 0;
+        flag.download(&seen, sizeof seen);
+        EXPECT_EQ(seen, b.seq * stride + b.index + 1) << name;
+        EXPECT_TRUE(dgtest::check_close(ps.spec.dtype, p->out.data(), p->ref.data(), 3, 8, 128,
+                                        gpu_tol(ps.spec.dtype).atol, gpu_tol(ps.spec.dtype).rtol, good))
+            << name << ": rows without a bad id";
+      }
+    }
+    // A clean table leaves the flag at 0.
+    dp.tables->upload(p->tables.data(), p->tables.size() * sizeof(int32_t));
+    const int zero = 0;
+    flag.upload(&zero, sizeof zero);
+    dp.run_v2(32);
+    int seen = -1;
+    flag.download(&seen, sizeof seen);
+    EXPECT_EQ(seen, 0);
+    EXPECT_TRUE(p->check(gpu_tol(ps.spec.dtype)));
+  }
 }
 
 }  // namespace

@@ -50,3 +50,30 @@ TEST(Occupancy, Pass1ModelCoversEverySpec) {
         EXPECT_GE(blocks_per_sm(r), 1) << "dtype " << dg::to_string(dt) << " D " << d << " group " << g;
       }
 }
+
+TEST(Occupancy, Pass1ModelWorkedExamples) {
+  // bf16, head 128, GQA 4 (32q/8kv), vLLM layout: four warps (one per query head), 80 registers,
+  // 4 x 8 KB stages + a 32-byte block-id table = 32,800 bytes of shared memory.
+  // Registers: 80 x 32 = 2,560 per warp -> 25 warps -> 6 blocks; shared memory: 32,800 + 1,024 ->
+  // 33,920 (unit 128) -> 233,472 / 33,920 = 6 blocks; threads: 16 blocks. So 6.
+  dg::AttentionSpec s;
+  s.num_q_heads = 32;
+  s.num_kv_heads = 8;
+  s.head_size = 128;
+  s.dtype = dg::DType::kBFloat16;
+  const KernelResources r = dg::kernels::pass1_resources(s);
+  EXPECT_EQ(r.threads, 128);
+  EXPECT_EQ(r.smem_bytes, 32800);
+  EXPECT_EQ(blocks_per_sm(r), 6);
+  // GQA 8 (llama-70B-like 64q/8kv): eight warps -> 25 / 8 = 3 blocks by registers.
+  s.num_q_heads = 64;
+  EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 256);
+  EXPECT_EQ(blocks_per_sm(dg::kernels::pass1_resources(s)), 3);
+  // MHA (group 1) still runs four warps (the loader's 128 threads): blocks are the GQA-4 size.
+  s.num_q_heads = 8;
+  EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 128);
+  // A group of 24 splits into two chunks of 12 heads: 12 warps.
+  s.num_q_heads = 24;
+  s.num_kv_heads = 1;
+  EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 384);
+}

@@ -50,12 +50,27 @@ cudaError_t cudaMemset(void* d, int v, size_t n) { memset(d, v, n); return cudaS
 
 namespace sim {
 namespace {
+struct Copy {
+  void* dst;
+  const void* src;
+  int bytes;
+  long group;
+};
+struct Access {
+  unsigned site;
+  unsigned occurrence;  // how many accesses this thread made at `site` before, in this interval
+  uintptr_t addr;
+};
 struct Fiber {
+  std::vector<Access> accesses;                        // shared accesses since the last barrier
+  std::vector<std::pair<unsigned, unsigned>> by_site;  // site -> accesses so far in this interval
   ucontext_t uc;
   jmp_buf jb;
   bool started = false, done = false;
   int tid = 0;
   char* stack = nullptr;
+  std::vector<Copy> copies;  // cp.async issued, not yet landed
+  long committed = 0;        // groups committed so far; the open group has this index
 };
 constexpr size_t kStack = 256 * 1024;
 std::vector<Fiber> fibers;
@@ -93,25 +108,30 @@ int order_mode() {
   return 0;
 }
 
-void yield() {
-  if (!_setjmp(cur->jb)) _longjmp(sched_jb, 1);
-}
-void trampoline() {
-  (*body)();
-  cur->done = true;
-  ++progress;
-  _longjmp(sched_jb, 1);
-}
 std::string where() {
   char b[160];
   snprintf(b, sizeof b, "block (%u,%u,%u) thread %u of %d", blockIdx.x, blockIdx.y, blockIdx.z,
            threadIdx.x, nthreads);
   return b;
 }
-float warp_op(int kind, unsigned mask, float v, int off) {
+void yield() {
+  if (!_setjmp(cur->jb)) _longjmp(sched_jb, 1);
+}
+void trampoline() {
+  (*body)();
+  if (!cur->copies.empty())
+    fail("thread exited with " + std::to_string(cur->copies.size()) +
+         " cp.async copies it never waited for (missing cp.async.wait_group) at " + where());
+  cur->done = true;
+  ++progress;
+  _longjmp(sched_jb, 1);
+}
+// kind 1: xor shuffle (arg = offset), 2: syncwarp, 3: indexed shuffle (arg = source lane within
+// segments of `width` lanes).
+float warp_op(int kind, unsigned mask, float v, int arg, int width = 32) {
   if (mask != 0xffffffffu) fail("warp op with a partial mask at " + where());
   if (nthreads % 32 != 0) fail("warp op in a partial warp at " + where());
-  if (off < 0 || off >= 32) fail("bad shuffle offset at " + where());
+  if (arg < 0 || arg >= 32) fail("bad shuffle offset or lane at " + where());
   const int tid = static_cast<int>(threadIdx.x);
   Warp& w = warps[tid / 32];
   const int lane = tid % 32;
@@ -128,7 +148,8 @@ float warp_op(int kind, unsigned mask, float v, int off) {
   } else {
     while (w.gen == g) yield();
   }
-  return w.snap[lane ^ off];
+  if (kind == 3) return w.snap[(lane & ~(width - 1)) | (arg & (width - 1))];
+  return w.snap[lane ^ arg];
 }
 }  // namespace
 
@@ -157,7 +178,7 @@ void check_range(const void* p, size_t n, const char* what) {
   if (it != g_allocs.begin()) {
     --it;
     if (a >= it->first && a + n <= it->first + it->second.n) {
-      if (a % n != 0) fail(std::string(what) + " misaligned at " + where());
+      if ((n & (n - 1)) == 0 && a % n != 0) fail(std::string(what) + " misaligned at " + where());
       return;
     }
   }
@@ -166,11 +187,91 @@ void check_range(const void* p, size_t n, const char* what) {
   fail(std::string(what) + " out of every allocation: " + b + " at " + where());
 }
 
+// ---------------------------------------------------------------- bank conflicts
+// Shared memory has 32 banks of 4 bytes; a warp's 16-byte accesses are served in four phases of 8
+// lanes, and a phase conflicts when two of its lanes touch different 16-byte chunks that fall in
+// the same group of 4 banks ((address / 16) % 8). Lanes reading the same chunk are one broadcast.
+// Threads run one at a time here, so a warp instruction is reconstructed as: the accesses its lanes
+// made at the same source line, the n-th of each lane's accesses there being instruction n. That is
+// only sound when every lane that reached the line did so equally often (the lanes ran converged);
+// lines where they did not (e.g. lanes idling for head sizes that are not powers of two) are not
+// judged. Checked whenever a block barrier completes and when a block ends.
+namespace {
+bool banks_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("DECODEGRAPH_SIM_BANKS");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+void check_banks() {
+  if (!banks_enabled()) return;
+  for (int w0 = 0; w0 < nthreads; w0 += 32) {
+    std::map<unsigned, std::map<int, unsigned>> count;  // site -> lane -> accesses
+    for (int t = w0; t < w0 + 32 && t < nthreads; ++t)
+      for (const auto& [site, n] : fibers[t].by_site) count[site][t - w0] = n;
+    for (const auto& [site, lanes] : count) {
+      const unsigned n = lanes.begin()->second;
+      bool converged = true;
+      for (const auto& [lane, c] : lanes) converged = converged && c == n;
+      if (!converged) continue;
+      // addr[occurrence][lane]
+      std::vector<std::vector<uintptr_t>> addr(n, std::vector<uintptr_t>(32, 0));
+      std::vector<bool> active(32, false);
+      for (const auto& [lane, c] : lanes) active[lane] = true;
+      for (int t = w0; t < w0 + 32 && t < nthreads; ++t)
+        for (const Access& a : fibers[t].accesses)
+          if (a.site == site) addr[a.occurrence][t - w0] = a.addr;
+      for (unsigned o = 0; o < n; ++o)
+        for (int p0 = 0; p0 < 32; p0 += 8) {
+          uintptr_t chunk_of_group[8];
+          int used[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          for (int l = p0; l < p0 + 8; ++l) {
+            if (!active[l]) continue;
+            const uintptr_t chunk = addr[o][l] / 16;
+            const int g = static_cast<int>(chunk % 8);
+            if (used[g] && chunk_of_group[g] != chunk) {
+              char b[200];
+              snprintf(b, sizeof b,
+                       "shared-memory bank conflict at line %u (access %u): lanes of warp %d read/write "
+                       "different 16-byte chunks in one bank group in block (%u,%u,%u)",
+                       site, o, w0 / 32, blockIdx.x, blockIdx.y, blockIdx.z);
+              fail(b);
+            }
+            used[g] = 1;
+            chunk_of_group[g] = chunk;
+          }
+        }
+    }
+  }
+  for (int t = 0; t < nthreads; ++t) {
+    fibers[t].accesses.clear();
+    fibers[t].by_site.clear();
+  }
+}
+}  // namespace
+
+void shared_access(const void* p, unsigned site) {
+  if (!banks_enabled()) return;
+  unsigned occurrence = 0;
+  bool found = false;
+  for (auto& [s, n] : cur->by_site)
+    if (s == site) {
+      occurrence = n++;
+      found = true;
+      break;
+    }
+  if (!found) cur->by_site.emplace_back(site, 1u);
+  cur->accesses.push_back(Access{site, occurrence, reinterpret_cast<uintptr_t>(p)});
+}
+
 void syncthreads() {
   const long g = bar_gen;
   ++bar_arrived;
   ++progress;
   if (bar_arrived == nthreads) {
+    check_banks();  // everyone's accesses before this barrier are recorded
     bar_arrived = 0;
     ++bar_gen;
     ++barriers_done;
@@ -180,6 +281,51 @@ void syncthreads() {
 }
 void syncwarp(unsigned mask) { warp_op(2, mask, 0.0f, 0); }
 float shfl_xor(unsigned mask, float v, int off) { return warp_op(1, mask, v, off); }
+float shfl_idx(unsigned mask, float v, int src_lane, int width) { return warp_op(3, mask, v, src_lane, width); }
+
+void check_shared(const void* p, size_t n, const char* what) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  static size_t last = 0;  // the array of the previous check: nearly always the same one
+  for (size_t k = 0; k < g_shared.size(); ++k) {
+    const size_t i = (last + k) % g_shared.size();
+    const uintptr_t b = reinterpret_cast<uintptr_t>(g_shared[i].first);
+    if (a >= b && a + n <= b + g_shared[i].second) {
+      if (a % n != 0) fail(std::string(what) + " misaligned shared address at " + where());
+      last = i;
+      return;
+    }
+  }
+  fail(std::string(what) + " outside every __shared__ array at " + where());
+}
+
+void cp_async(void* dst, const void* src, int src_bytes) {
+  if (src_bytes < 0 || src_bytes > 16) fail("cp.async with src-size " + std::to_string(src_bytes) + " at " + where());
+  check_shared(dst, 16, "cp.async destination");
+  if (src_bytes > 0) {
+    if (reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("cp.async source misaligned at " + where());
+    check_range(src, static_cast<size_t>(src_bytes), "cp.async source");
+  }
+  memset(dst, 0xff, 16);  // NaN until the group is waited for
+  cur->copies.push_back(Copy{dst, src, src_bytes, cur->committed});
+}
+
+void cp_async_commit() { ++cur->committed; }
+
+void cp_async_wait(int n) {
+  // Groups with index < committed - n have landed; the open (uncommitted) group is never waited.
+  const long done_below = cur->committed - n;
+  auto& cs = cur->copies;
+  size_t keep = 0;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    if (cs[i].group < done_below) {
+      if (cs[i].bytes > 0) memcpy(cs[i].dst, cs[i].src, static_cast<size_t>(cs[i].bytes));
+      memset(static_cast<char*>(cs[i].dst) + cs[i].bytes, 0, static_cast<size_t>(16 - cs[i].bytes));
+    } else {
+      cs[keep++] = cs[i];
+    }
+  }
+  cs.resize(keep);
+}
 
 void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem) {
   if (block.y != 1 || block.z != 1 || smem != 0) fail("simulator handles 1-D blocks without dynamic smem");
@@ -214,6 +360,10 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
       f.started = false;
       f.done = false;
       f.tid = t;
+      f.copies.clear();
+      f.committed = 0;
+      f.accesses.clear();
+      f.by_site.clear();
       getcontext(&f.uc);
       f.uc.uc_stack.ss_sp = f.stack;
       f.uc.uc_stack.ss_size = kStack;
@@ -250,6 +400,7 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
       }
     }
     if (bar_arrived != 0) fail("block ended with threads at a barrier");
+    check_banks();
   }
 }
 }  // namespace sim

@@ -1,9 +1,10 @@
 // Host simulator of the CUDA subset used by decodegraph kernels (see tests/sim/README.md): every
-// CUDA thread is a fiber; __syncthreads / __syncwarp / __shfl_xor_sync are real rendezvous points
+// CUDA thread is a fiber; __syncthreads / __syncwarp / __shfl_*_sync are real rendezvous points
 // (a thread that skips one deadlocks its block, which is reported); blocks run serially in a
 // shuffled order; between sync points threads run forward, reverse or shuffled
 // (DECODEGRAPH_SIM_ORDER or sim::set_order); __shared__ arrays are NaN-filled per block; __ldg is
-// checked against the allocation bounds and alignment.
+// checked against the allocation bounds and alignment; cp.async copies are deferred to their wait
+// (sim_device_ops.hpp).
 #pragma once
 #define DECODEGRAPH_SIM 1  // the tests check this to be sure the shims, not the toolkit, were found
 #include <cmath>
@@ -16,6 +17,7 @@
 
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -51,6 +53,8 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t
 #define __grid_constant__
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __maxnreg__(...)
 
 extern uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
@@ -59,9 +63,20 @@ namespace sim {
 void syncthreads();
 void syncwarp(unsigned mask);
 float shfl_xor(unsigned mask, float v, int off);
+float shfl_idx(unsigned mask, float v, int src_lane, int width);
 void check_range(const void* p, size_t n, const char* what);
 void fail(const std::string& msg);
 void register_shared(void* p, size_t n);
+// Fails unless [p, p + n) lies inside one registered __shared__ array and p is n-aligned.
+void check_shared(const void* p, size_t n, const char* what);
+// Bank-conflict model: records one 16-byte shared access (a load, or a cp.async destination) made at
+// source line `site`; accesses by the lanes of a warp at the same site and occurrence form one
+// warp instruction (see sim_runtime.cpp). On by default; DECODEGRAPH_SIM_BANKS=0 turns it off.
+void shared_access(const void* p, unsigned site);
+// cp.async model (per thread): issue, close the open group, wait until at most n groups are pending.
+void cp_async(void* dst, const void* src, int src_bytes);
+void cp_async_commit();
+void cp_async_wait(int n);
 // Thread order between sync points. kFromEnv reads DECODEGRAPH_SIM_ORDER (fwd, rev, shuffle).
 enum class Order { kFromEnv, kForward, kReverse, kShuffle };
 void set_order(Order o);
@@ -75,6 +90,17 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) { sim::syncwarp(mask); }
 inline float __shfl_xor_sync(unsigned mask, float v, int off, int width = 32) {
   if (width != 32) sim::fail("shfl width");
   return sim::shfl_xor(mask, v, off);
+}
+inline float __shfl_sync(unsigned mask, float v, int src_lane, int width = 32) {
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) sim::fail("shfl width");
+  return sim::shfl_idx(mask, v, src_lane, width);
+}
+// Threads never run concurrently in the simulator, so a plain read-compare-write is atomic.
+inline int atomicCAS(int* address, int compare, int val) {
+  sim::check_range(address, sizeof(int), "atomicCAS");
+  const int old = *address;
+  if (old == compare) *address = val;
+  return old;
 }
 template <typename T> inline T __ldg(const T* p) {
   sim::check_range(p, sizeof(T), "__ldg");

@@ -1,0 +1,171 @@
+// kernels/decode_policy.hpp: the pass-1 kernel's shared-memory layouts, for every (element size,
+// head size, block size, layout):
+//  - each layout places the tile's chunks one-to-one in the stage;
+//  - the loader's chunk order covers the tile exactly once (no chunk left unwritten, which the
+//    simulator would otherwise see as NaN only for the shapes it runs);
+//  - the math's split of every read address into a per-lane base and a compile-time term equals
+//    the layout function, in every stage of the ring;
+//  - no bank conflicts: in every 8-thread phase of a 16-byte access (reads: the lanes of a warp as
+//    the math maps them; writes: the loader's threads) the chunks hit 8 distinct 16-byte bank groups.
+// The last check is what "breaking the swizzle" fails: the simulator cannot see bank conflicts.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/decode_policy.hpp"
+
+namespace {
+
+using decodegraph::KVLayout;
+namespace k = decodegraph::kernels;
+
+/// Worst bank-group multiplicity of one phase: accesses to the same chunk are one (broadcast).
+int phase_conflict(const std::vector<long>& chunks) {
+  std::map<long, std::set<long>> by_group;
+  for (long c : chunks) by_group[((c % 8) + 8) % 8].insert(c);
+  int worst = 0;
+  for (const auto& [g, set] : by_group) worst = std::max(worst, static_cast<int>(set.size()));
+  return worst;
+}
+
+/// Splits a warp's per-lane chunk positions (-1 = lane idle) into 8-lane phases.
+int warp_conflict(const std::vector<long>& lane_chunk) {
+  int worst = 0;
+  for (int p0 = 0; p0 < 32; p0 += 8) {
+    std::vector<long> phase;
+    for (int l = p0; l < p0 + 8; ++l)
+      if (lane_chunk[l] >= 0) phase.push_back(lane_chunk[l]);
+    worst = std::max(worst, phase_conflict(phase));
+  }
+  return worst;
+}
+
+template <int E, int D>
+void check_config() {
+  using P = k::Pass1Policy<E, D>;
+  constexpr int CE = P::kChunkElems, CPT = P::kChunksPerToken, L = P::kLanes, Z = P::kSlices;
+  constexpr int NR = P::kRowTokens, NTOK = P::kTileTokens, KC = P::kChunksPerLane, G = P::kVGroups;
+  const std::string what = "elem bytes " + std::to_string(E) + " D " + std::to_string(D);
+  SCOPED_TRACE(what);
+
+  // Bijections.
+  std::set<int> nhd, vk, vv;
+  for (int t = 0; t < NTOK; ++t)
+    for (int c = 0; c < CPT; ++c) {
+      nhd.insert(k::smem_pos_nhd<P>(t, c));
+      vk.insert(k::smem_pos_vllm_k<P>(t, c));
+    }
+  for (int d = 0; d < D; ++d)
+    for (int g = 0; g < G; ++g) vv.insert(k::smem_pos_vllm_v<P>(d, g));
+  for (const auto* s : {&nhd, &vk, &vv}) {
+    ASSERT_EQ(static_cast<int>(s->size()), P::kTileChunks);
+    EXPECT_EQ(*s->begin(), 0);
+    EXPECT_EQ(*s->rbegin(), P::kTileChunks - 1);
+  }
+
+  // Loader: covers every position once, conflict-free writes, for every block size.
+  for (int bs : {8, 16, 32}) {
+    SCOPED_TRACE("block_size " + std::to_string(bs));
+    const int seg_log2 = std::min(k::ilog2(bs), k::ilog2(NTOK));
+    for (int layout = 0; layout < 3; ++layout) {  // NHD (K and V), vLLM K, vLLM V
+      std::vector<long> pos(P::kTileChunks);
+      std::set<long> seen;
+      for (int q = 0; q < P::kTileChunks; ++q) {
+        if (layout == 0) {
+          const k::TileChunk ch = k::loader_chunk_nhd<P>(q);
+          pos[q] = k::smem_pos_nhd<P>(ch.token, ch.index);
+          EXPECT_EQ(pos[q], q);
+        } else if (layout == 1) {
+          const k::TileChunk ch = k::loader_chunk_vllm_k<P>(q, seg_log2);
+          ASSERT_LT(ch.token, NTOK);
+          pos[q] = k::smem_pos_vllm_k<P>(ch.token, ch.index);
+        } else {
+          const k::TileChunk ch = k::loader_chunk_vllm_v<P, D>(q, seg_log2);
+          ASSERT_EQ(ch.token % CE, 0);
+          pos[q] = k::smem_pos_vllm_v<P>(ch.index, ch.token / CE);
+        }
+        seen.insert(pos[q]);
+      }
+      EXPECT_EQ(static_cast<int>(seen.size()), P::kTileChunks) << "loader layout " << layout;
+      // Threads tid = 0..kLoaderThreads-1 issue slot u together: q = tid + u * kLoaderThreads.
+      for (int u = 0; u < P::kLoadsPerThread; ++u)
+        for (int w = 0; w < P::kLoaderThreads; w += 32) {
+          std::vector<long> lanes(32, -1);
+          for (int l = 0; l < 32; ++l) {
+            const int q = w + l + u * P::kLoaderThreads;
+            if (q < P::kTileChunks) lanes[l] = pos[q];
+          }
+          EXPECT_LE(warp_conflict(lanes), 1) << "loader layout " << layout << " slot " << u << " warp " << w / 32;
+        }
+    }
+  }
+
+  // Math reads: address split == layout function, and conflict-free, in every stage.
+  const uint32_t kAligned = 7u * P::kStageAlign;  // any kStageAlign-aligned array address
+  for (int stage = 0; stage < P::kStages; ++stage) {
+    const uint32_t sk = kAligned + stage * P::kStageBytes;
+    const uint32_t sv = sk + P::kTileChunks * 16;
+    for (int layout = 0; layout < 2; ++layout) {
+      const bool vllm = layout == 0;
+      // K (and NHD V, the same reads).
+      for (int i = 0; i < NR; ++i)
+        for (int kc = 0; kc < KC; ++kc) {
+          std::vector<long> lanes(32, -1);
+          for (int lane = 0; lane < 32; ++lane) {
+            const int z = lane / L, j = lane % L, c = j + kc * L;
+            if (c >= CPT) continue;
+            const uint32_t a = vllm ? k::k_read<P, KVLayout::kVLLM>(sk + k::k_read_base<P, KVLayout::kVLLM>(z, j), i, kc)
+                                    : k::k_read<P, KVLayout::kNHD>(sk + k::k_read_base<P, KVLayout::kNHD>(z, j), i, kc);
+            const int expect = vllm ? k::smem_pos_vllm_k<P>(z * NR + i, c) : k::smem_pos_nhd<P>(z * NR + i, c);
+            ASSERT_EQ(a, sk + 16u * expect) << "K read lane " << lane << " i " << i << " k " << kc;
+            if (!vllm) {
+              ASSERT_EQ(k::v_read_nhd<P>(sv + k::v_read_base<P, KVLayout::kNHD>(z, j), i, kc), sv + 16u * expect);
+            }
+            lanes[lane] = static_cast<long>(a / 16);
+          }
+          EXPECT_LE(warp_conflict(lanes), 1) << (vllm ? "vLLM" : "NHD") << " K read i " << i << " k " << kc;
+        }
+    }
+    // vLLM V reads: d-row (j + k*L)*CE + e of token group z*NR/CE + g.
+    for (int g = 0; g < NR / CE; ++g)
+      for (int kc = 0; kc < KC; ++kc)
+        for (int e = 0; e < CE; ++e) {
+          std::vector<long> lanes(32, -1);
+          for (int lane = 0; lane < 32; ++lane) {
+            const int z = lane / L, j = lane % L, c = j + kc * L;
+            if (c >= CPT) continue;
+            const uint32_t a = k::v_read_vllm<P>(sv + k::v_read_base<P, KVLayout::kVLLM>(z, j), g, kc, e);
+            const int expect = k::smem_pos_vllm_v<P>(c * CE + e, z * NR / CE + g);
+            ASSERT_EQ(a, sv + 16u * expect) << "V read lane " << lane << " g " << g << " k " << kc << " e " << e;
+            lanes[lane] = static_cast<long>(a / 16);
+          }
+          EXPECT_LE(warp_conflict(lanes), 1) << "vLLM V read g " << g << " k " << kc << " e " << e;
+        }
+  }
+  (void)Z;
+}
+
+template <int E, int... Ds>
+void check_all() {
+  (check_config<E, Ds>(), ...);
+}
+
+TEST(SmemLayout, BijectiveCoveredAndBankConflictFree) {
+  check_all<2, 64, 80, 96, 112, 128, 192, 256>();
+  check_all<4, 64, 80, 96, 112, 128, 192, 256>();
+}
+
+TEST(SmemLayout, ConflictCounterSeesConflicts) {
+  // The check above must be able to fail: eight lanes reading chunks 128 bytes apart conflict
+  // 8-way, and a broadcast (all lanes on one chunk) does not conflict.
+  std::vector<long> strided(32), same(32, 5);
+  for (int l = 0; l < 32; ++l) strided[l] = 8L * l;
+  EXPECT_EQ(warp_conflict(strided), 8);
+  EXPECT_EQ(warp_conflict(same), 1);
+}
+
+}  // namespace

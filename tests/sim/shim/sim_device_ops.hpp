@@ -1,0 +1,47 @@
+// The simulator's model of kernels/device_ops.cuh (included from there under DECODEGRAPH_SIM).
+// cp.async: each copy is checked when issued (source inside an allocation and 16-byte aligned,
+// destination inside a __shared__ array and 16-byte aligned, 0..16 source bytes), its destination
+// is filled with NaN bytes at once, and the data lands only when the issuing thread waits for the
+// copy's group; so reading a stage before its wait and barrier, or overwriting one that another
+// thread still reads, turns the output into NaN. A thread that exits with copies it never waited
+// for fails the test. lds16 checks that it reads inside a __shared__ array. Both report their
+// shared address to the bank-conflict model.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "sim_runtime.hpp"
+
+namespace decodegraph::kernels::dev {
+
+inline uint64_t evict_first_policy() { return 0; }  // no cache model: the hint is accepted and ignored
+
+// `site` (the caller's line) identifies the instruction for the bank-conflict check.
+inline void cp_async_16(void* dst, const void* src, int src_bytes, uint64_t /*policy*/,
+                        unsigned site = __builtin_LINE()) {
+  sim::cp_async(dst, src, src_bytes);
+  sim::shared_access(dst, site);
+}
+inline void cp_async_commit() { sim::cp_async_commit(); }
+template <int N>
+inline void cp_async_wait() {
+  static_assert(N >= 0, "wait_group takes a non-negative count");
+  sim::cp_async_wait(N);
+}
+
+// A host address: XORing its low bits moves within an aligned block exactly as on the device, as
+// long as the __shared__ array is as aligned as the kernel declares (alignas survives the transform).
+using SmemAddr = uintptr_t;
+inline SmemAddr smem_addr(const void* p) { return reinterpret_cast<SmemAddr>(p); }
+
+inline uint4 lds16(SmemAddr a, unsigned site = __builtin_LINE()) {
+  const void* src = reinterpret_cast<const void*>(a);
+  sim::check_shared(src, 16, "lds16");
+  sim::shared_access(src, site);
+  uint4 v;
+  std::memcpy(&v, src, sizeof v);
+  return v;
+}
+
+}  // namespace decodegraph::kernels::dev
