@@ -25,11 +25,16 @@
 #include "decodegraph/fault.hpp"
 #include "fake_cudart.hpp"
 #include "kernels/decode_params.cuh"
+#include "kernels/decode_policy.hpp"
 
 // The probe is never fault-injected; the launchers only ask.
 namespace decodegraph::fault {
 bool should_fail(Site) { return false; }
 }  // namespace decodegraph::fault
+// The fake runtime never fails, so no CudaError is built; the error kinds only need the symbol.
+namespace decodegraph {
+bool cuda_error_is_sticky(int) { return false; }
+}  // namespace decodegraph
 
 namespace {
 
@@ -79,19 +84,18 @@ void expect_one_launch(const char* what, F&& launch, bool may_reject = false) {
 std::vector<int> g_groups;
 
 // ---------------------------------------------------------------- pass 1 (V1 and V2)
-// Hints (per launch, from the policy and the params the launcher passed to the kernel):
-//   tile_tokens   tokens one main-loop iteration stages (DecodePolicy::kTile)
+// Hints (per launch, from the policy, kernels/decode_policy.hpp):
+//   tile_tokens   tokens one main-loop iteration stages (Pass1Policy::kTileTokens)
 //   kv_tile_bytes K + V bytes of those tokens
-//   row_tokens    tokens per row per tile: the trip count of the per-token loops, whose bound is a
-//                 runtime value (kTile / (rows / heads_per_block), rows = threads / kLanes)
-// Every layout and block size is launched, so a kernel that takes them as template parameters shows
-// each variant; kernel_report.py drops repeated (kernel, group) launches. A combination the launcher
-// rejects is skipped.
-template <typename T, int D>
+//   row_tokens    tokens per row per tile (Pass1Policy::kRowTokens): the trip count of per-token
+//                 loops, should the compiler leave one rolled
+// The layout is a template parameter; every block size is launched, so a kernel that also took it
+// as a template parameter would show each variant. kernel_report.py drops repeated (kernel, group)
+// launches.
+template <typename T, int D, KVLayout kLayout>
 void probe_pass1() {
-  using Pol = DecodePolicy<sizeof(T), D>;
+  using Pol = Pass1Policy<sizeof(T), D>;
   for (const int group : g_groups)
-  for (const KVLayout layout : {KVLayout::kVLLM, KVLayout::kNHD})
   for (const int block_size : {8, 16, 32}) {
     for (const bool v2 : {false, true}) {
       DecodeParams p;
@@ -104,31 +108,27 @@ void probe_pass1() {
       p.num_seqs = 1;
       p.num_kv_heads = 8;
       p.num_q_heads = 8 * group;
+      p.num_blocks = 1 << 20;
       p.block_size = block_size;
-      p.layout = layout;
+      p.layout = kLayout;
       p.max_seq_len = 32768;
       p.block_table_stride = p.max_seq_len / p.block_size;
       p.partition_size = v2 ? 512 : p.max_seq_len;
       p.max_partitions = v2 ? p.max_seq_len / 512 : 1;
+      p.write_partials = v2;
       if (v2) {
         p.max_logits = fake_ptr<float*>(6);
         p.exp_sums = fake_ptr<float*>(7);
         p.partial_out = fake_ptr<float*>(8);
       }
       g_on_launch = [&](const FakeLaunch& l) {
-        const auto* kp = static_cast<const DecodeParams*>(l.args[0]);
-        const int threads = static_cast<int>(l.block[0] * l.block[1] * l.block[2]);
-        const int rows = threads / Pol::kLanes;
-        const int slices = rows / kp->heads_per_block;
-        const int row_tokens = slices > 0 ? Pol::kTile / slices : 0;
         print_launch("pass1", l,
                      std::string("dtype=") + dtype_name<T>() + " head_size=" + std::to_string(D) +
-                         " group=" + std::to_string(group) + " tile_tokens=" + std::to_string(Pol::kTile) +
-                         " kv_tile_bytes=" + std::to_string(2 * Pol::kTile * D * sizeof(T)) +
-                         " row_tokens=" + std::to_string(row_tokens));
+                         " group=" + std::to_string(group) + " tile_tokens=" + std::to_string(Pol::kTileTokens) +
+                         " kv_tile_bytes=" + std::to_string(2 * Pol::kTileTokens * D * sizeof(T)) +
+                         " row_tokens=" + std::to_string(Pol::kRowTokens));
       };
-      expect_one_launch("launch_paged_decode", [&] { launch_paged_decode<T, D>(p, v2, nullptr); },
-                        /*may_reject=*/layout != KVLayout::kVLLM || block_size != 16);
+      expect_one_launch("launch_paged_decode", [&] { launch_paged_decode<T, D, kLayout>(p, nullptr); });
     }
   }
 }

@@ -15,7 +15,7 @@ constexpr int kThreads = 128;
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) BadTransposeKernel(const __grid_constant__ DecodeParams p) {
-  constexpr int kTile = DecodePolicy<sizeof(T), D>::kTile;
+  constexpr int kTile = 64;  // the fixture's own constant, not the library's policy
   __shared__ uint16_t s_v[kTile * D];
   float spill[32];
   const int tid = threadIdx.x;
@@ -40,12 +40,12 @@ __global__ void __launch_bounds__(kThreads) BadTransposeKernel(const __grid_cons
 
 }  // namespace
 
-template <typename T, int D>
-void launch_paged_decode(DecodeParams p, bool, cudaStream_t stream) {
+template <typename T, int D, KVLayout L>
+void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
   p.heads_per_block = 1;
   BadTransposeKernel<T, D><<<dim3(1, p.num_kv_heads, p.num_seqs), kThreads, 0, stream>>>(p);
 }
 
-template void launch_paged_decode<__nv_bfloat16, 128>(DecodeParams, bool, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
 
 }  // namespace decodegraph::kernels

@@ -1,6 +1,6 @@
 // Self-test fixture of the kernel report (not part of the library): a pass-1 launcher shaped like the
 // coming kernel, so the report is checked on what it must handle next. It implements the real
-// launch_paged_decode<T, D> declaration (kernels/decode_params.cuh) with
+// launch_paged_decode<T, D, Layout> declaration (kernels/decode_params.cuh) with
 //   - cp.async 16-byte copies into kStages dynamic shared-memory stages (LDGSTS, LDGDEPBAR, DEPBAR),
 //     the opt-in attribute set by the launcher;
 //   - the layout as a template parameter (two kernel names per dtype and head size);
@@ -22,6 +22,7 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kStages = 3;
 constexpr int kScratch = 1024;  // uint4 per block, zeroed per tile by a block-stride loop
+constexpr int kTile = 64;       // tokens per stage: the fixture's own constant, not the library's policy
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -33,13 +34,12 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 template <typename T, int D, KVLayout L>
 __global__ void __launch_bounds__(kThreads) MockPipelinedKernel(const __grid_constant__ DecodeParams p) {
-  using Pol = DecodePolicy<sizeof(T), D>;
-  constexpr int kTileBytes = 2 * Pol::kTile * D * static_cast<int>(sizeof(T));  // K + V
+  constexpr int kTileBytes = 2 * kTile * D * static_cast<int>(sizeof(T));  // K + V
   constexpr int kPerThread = kTileBytes / 16 / kThreads;
   extern __shared__ uint4 smem[];  // kStages x tile, then the scratch
   uint4* scratch = smem + kStages * kTileBytes / 16;
   const int tid = threadIdx.x;
-  const int tiles = p.seq_lens[blockIdx.z] / Pol::kTile;
+  const int tiles = p.seq_lens[blockIdx.z] / kTile;
   const char* src = static_cast<const char*>(L == KVLayout::kNHD ? p.k_cache : p.v_cache);
   float acc = 0.0f;
   for (int t = 0; t < tiles; ++t) {
@@ -64,23 +64,22 @@ __global__ void __launch_bounds__(kThreads) MockPipelinedKernel(const __grid_con
 
 template <typename T, int D, KVLayout L>
 void launch_mock(const DecodeParams& p, cudaStream_t stream) {
-  constexpr int smem = kStages * 2 * DecodePolicy<sizeof(T), D>::kTile * D * sizeof(T) + kScratch * 16;
+  constexpr int smem = kStages * 2 * kTile * D * sizeof(T) + kScratch * 16;
   cudaFuncSetAttribute(MockPipelinedKernel<T, D, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   MockPipelinedKernel<T, D, L><<<dim3(1, p.num_kv_heads, p.num_seqs), kThreads, smem, stream>>>(p);
 }
 
 }  // namespace
 
-template <typename T, int D>
-void launch_paged_decode(DecodeParams p, bool, cudaStream_t stream) {
+template <typename T, int D, KVLayout L>
+void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
   p.heads_per_block = 1;
-  if (p.layout == KVLayout::kNHD)
-    launch_mock<T, D, KVLayout::kNHD>(p, stream);
-  else
-    launch_mock<T, D, KVLayout::kVLLM>(p, stream);
+  launch_mock<T, D, L>(p, stream);
 }
 
-template void launch_paged_decode<__nv_bfloat16, 128>(DecodeParams, bool, cudaStream_t);
-template void launch_paged_decode<__half, 128>(DecodeParams, bool, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
 
 }  // namespace decodegraph::kernels
