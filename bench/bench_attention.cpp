@@ -15,7 +15,7 @@
 // iteration; CUDA events bracket the step (for the graph modes that includes step()'s host work and
 // staging, since the start event completes at once on an idle stream). Counters:
 //   us_per_step   median over iterations (Google Benchmark's own time column is the mean)
-//   bytes         DESIGN.md's bytes model for the step (all layers)
+//   bytes         docs/design.md's bytes model for the step (all layers)
 //   GBps          bytes / median
 //   pct_read_bw   GBps / the device read bandwidth measured by bench/bandwidth.cu in this process
 // Honest timing: warm-up steps first; the KV footprint of the working set is kept >= 256 MB (5x the

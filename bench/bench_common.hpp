@@ -3,7 +3,7 @@
 // that measures the device's read bandwidth in the same run. The .cpp formats with fmt; this header
 // includes none of it, so the .cu files that include it need no fmt under nvcc.
 //
-// Bench code may abort on a CUDA error (STYLE.md 7: only tests and benches may); the library never does.
+// Bench code may abort on a CUDA error (only tests and benches may); the library never does.
 #pragma once
 
 #include <cstddef>

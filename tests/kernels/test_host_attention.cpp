@@ -1,6 +1,6 @@
 // Host V1 / V2 against the float64 reference: the supported grid (sampled so every value of every
 // axis appears), irregular and long lengths, large logits, partition-size independence, the
-// multi-partition merge (DESIGN.md's trap), padded rows, determinism.
+// multi-partition merge (docs/design.md's known trap), padded rows, determinism.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -308,7 +308,7 @@ TEST(HostAttention, RepeatedRunsAreBitwiseIdentical) {
   }
 }
 
-// ---------------------------------------------------------------- the merge (DESIGN.md's trap)
+// ---------------------------------------------------------------- the merge (docs/design.md's known trap)
 
 // Partition 0 holds a few tokens with much larger logits than the rest, so the partitions' exp sums
 // differ by orders of magnitude: a merge that weights unnormalised partials by l_p is far off here.
