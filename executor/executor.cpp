@@ -840,7 +840,8 @@ void Executor::Impl::report_bad_block(bool wait) {
   const long long from = reported_through + 1;
   reported_through = steps;
   const std::string when = from == steps ? "step " + std::to_string(steps)
-                                         : "one of steps " + std::to_string(from) + ".." + std::to_string(steps);
+                                         : "one of steps " + std::to_string(from) + ".." + std::to_string(steps) +
+                                               ", those since the last report";
   std::string entry = "inputs.block_tables (an entry past index INT_MAX)";
   std::string seq = "one sequence";
   if (v != INT_MAX) {
@@ -851,7 +852,7 @@ void Executor::Impl::report_bad_block(bool wait) {
   }
   throw InvalidArgument(entry + " = (value not recorded) is invalid; allowed: 0..num_blocks-1 = 0.." +
                         std::to_string(cfg.num_blocks - 1) + ". A previous step (" + when +
-                        " since the last report) read this block id: ValidationLevel::kCheap leaves block ids to "
+                        ") read this block id: ValidationLevel::kCheap leaves block ids to "
                         "the caller, and the kernels clamped it into the cache, so that step's output for " + seq +
                         " is wrong. Reported once; the executor is usable and the next step runs.");
 }
