@@ -10,8 +10,9 @@
 // Attention runs with the kernels' semantics for staged inputs that validation did not see
 // (kCheap, or device inputs with a max_seq_len hint): lengths clamped to [0, max_seq_len], block
 // ids clamped to [0, num_blocks) and the first bad id reported through DecodeArgs::bad_block.
-// host:: would throw instead, in the middle of a replay; the host backend gives it a sanitised copy,
-// so both backends compute the same numbers and report the same way.
+// The append skips a slot past the cache, as the kernel does. host:: would throw instead, in the
+// middle of a replay; the host backend gives it a sanitised copy, so both backends compute the same
+// numbers and report the same way.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -218,7 +219,17 @@ class HostBackend final : public Backend {
   void append(const AppendArgs& args) override {
     enqueue([args] {
       check_kernel("host::append_kv");
-      host::append_kv(args);
+      const int64_t cap = static_cast<int64_t>(args.num_blocks) * args.spec.block_size;
+      if (std::none_of(args.slot_mapping, args.slot_mapping + args.num_tokens, [&](int64_t s) { return s >= cap; })) {
+        host::append_kv(args);
+        return;
+      }
+      std::vector<int64_t> slots(args.slot_mapping, args.slot_mapping + args.num_tokens);
+      for (int64_t& s : slots)
+        if (s >= cap) s = -1;  // skipped, as the kernel skips it
+      AppendArgs a = args;
+      a.slot_mapping = slots.data();
+      host::append_kv(a);
     });
   }
   void host_work(std::function<void()> fn) override {

@@ -335,6 +335,27 @@ TEST(SlotPosition, KFullRejectsTheSlotOfTheNextPosition) {
   EXPECT_TRUE(w.check_appended(ex, 0));
 }
 
+// kCheap does not read slots: one past the cache is skipped by the append, as the kernel skips it,
+// on the host backend too (host:: alone would throw in the middle of the replay).
+TEST(SlotPosition, KCheapSkipsASlotPastTheCacheAsTheKernelDoes) {
+  World w(spec(), 1, 4, 512, 61);
+  ExecutorConfig c = w.config(4, 512);
+  c.validation = ValidationLevel::kCheap;
+  Executor ex(c);
+  w.set_lens({40, 16, 100});
+  w.slots[1] = static_cast<int64_t>(w.num_blocks) * 16;
+  w.fill_step(ex);
+  const std::vector<std::uint64_t> k_before = w.k[0].words;
+  EXPECT_NO_THROW(ex.step(w.inputs()));
+  EXPECT_TRUE(check_rows(w, ex.output(0), 0, reference(w, 0, ex.query(0), 0), {true, false, true}));
+  // Only the two other sequences' slots were written.
+  const std::size_t per_token = static_cast<std::size_t>(w.spec.num_kv_heads) * w.spec.head_size;
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < k_before.size(); ++i) changed += k_before[i] != w.k[0].words[i];
+  EXPECT_GT(changed, 0u);
+  EXPECT_LE(changed * 8, 2 * per_token * 4) << "more than two tokens' K changed";
+}
+
 // ---------------------------------------------------------------- the max_seq_len hint
 
 TEST(MaxSeqLenHint, DeviceInputsWithAHintAreNeverReadBack) {
