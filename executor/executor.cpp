@@ -423,6 +423,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.block_tables_h = static_cast<int32_t*>(m.alloc_host(bt_bytes));
   m.slot_mapping_h = static_cast<int64_t*>(m.alloc_host(slot_bytes));
   m.bad_block_h = static_cast<int*>(m.alloc_host(sizeof(int)));
+  *m.bad_block_h = 0;  // cudaMallocHost does not zero; the device flag starts at 0 (alloc zeroes)
   m.seq_scratch.resize(mb);
   m.slot_scratch.resize(mb);
 

@@ -698,8 +698,12 @@ TEST(ExecutorHost, HostBackendUpdateFallsBackToReinstantiation) {
     b->begin_capture();
     b->host_work([&] { ran.push_back(2); });
     b->host_work([&] { ran.push_back(3); });
-    b->end_capture_and_update(*g);
+    EXPECT_FALSE(b->end_capture_and_update(*g)) << "a refused update is reported as a re-instantiation";
   }
+  b->begin_capture();
+  b->host_work([&] { ran.push_back(2); });
+  b->host_work([&] { ran.push_back(3); });
+  EXPECT_TRUE(b->end_capture_and_update(*g)) << "an accepted update is in place";
   EXPECT_EQ(g->nodes(), 2);
   b->launch(*g);
   EXPECT_EQ(ran, (std::vector<int>{1, 2, 3}));
