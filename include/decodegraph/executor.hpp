@@ -22,7 +22,9 @@
 //  - Consecutive steps may use different streams. The executor orders each step after the previous
 //    one whenever the stream changes (an event wait), so the static buffers every step shares
 //    (staged inputs, V2 workspace, owned q/out, the bad-block flag) are never written while a
-//    previous step still reads them. kMeasured times its candidates on the step's stream.
+//    previous step still reads them. Your own work on the old stream after its step (reading the
+//    outputs, say) is yours to order before the next step. Reusing the pinned staging buffers waits
+//    on an event, whichever stream the previous step used; kMeasured times on the step's stream.
 //  - Graphs do not depend on the stream: they are captured on ex.stream() (the legacy default
 //    stream cannot be captured), so StepContext::stream() is ex.stream() during a capture.
 //  - Host backend: the stream is accepted and ignored (every step runs synchronously in step()).
