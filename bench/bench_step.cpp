@@ -2,10 +2,10 @@
 // batch 1, 64 and 256 (target: <= 3 us at batch 64 on the CUDA backend).
 //
 // What is timed: the wall time of one step() call, from entry to return, per iteration (manual
-// timing; the counter us_per_step is the median). On CUDA the stream is drained before every step,
-// outside the timed region: step() waits for the previous step's staging copies before it rewrites
-// the pinned mirrors, and back to back that wait would time the device, not the host. With device
-// inputs, step() still copies seq_lens to the host synchronously (validation), which is timed.
+// timing; the counter us_per_step is the median); with inputs:host_staging also the host_staging()
+// call before it, which an engine makes every step. On CUDA the stream is drained before every
+// step, outside the timed region: step() waits for the previous step's staging copies before it
+// rewrites the pinned mirrors, and back to back that wait would time the device, not the host.
 //
 // Modes (the name's body: axis):
 //   body:empty      a step body that enqueues nothing. The graph is empty, so what remains is exactly
@@ -16,11 +16,18 @@
 //                   context). On CUDA step() only submits the work, so this adds the cost of
 //                   launching a non-empty graph. On the host backend the replay runs the host kernels
 //                   inside step(), so this number is dominated by CPU attention, not by step().
-// Axes: backend (host; cuda, which reports "no CUDA device" without one), validation (cheap/full),
-// inputs (host memory, or device memory on CUDA), batch.
+// Axes: backend (host; cuda, which reports "no CUDA device" without one), context (body:empty
+// only: 16 tokens, or 32768, where the block table is 2 MiB at batch 256 and its copies dominate;
+// every sequence shares one row of blocks there, as nothing reads the cache), validation
+// (cheap/full), inputs, batch. inputs:
+//   host          the caller's arrays: step() copies them into the pinned staging buffers, then DMAs
+//   host_staging  written into host_staging() (once; the contents do not change): only the DMA
+//   device        device memory (CUDA): step() copies seq_lens back synchronously to find the band
+//   device_hint   device memory with StepInputs::max_seq_len: nothing is read back (kCheap)
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <numeric>
@@ -33,12 +40,25 @@ namespace dg = decodegraph;
 
 namespace {
 
-constexpr int kContext = 16;  // one block: keeps the attention body's device/CPU work minimal
+constexpr int kShortContext = 16;  // one block: keeps the attention body's device/CPU work minimal
+constexpr int kLongContext = 32768;
+
+enum class Inputs { kHost, kHostStaging, kDevice, kDeviceHint };
+const char* name_of(Inputs i) {
+  switch (i) {
+    case Inputs::kHost: return "host";
+    case Inputs::kHostStaging: return "host_staging";
+    case Inputs::kDevice: return "device";
+    case Inputs::kDeviceHint: return "device_hint";
+  }
+  return "?";
+}
 
 struct StepRig {
   bool device = false;
   dg::AttentionSpec spec;
   int batch = 0;
+  int context = 0;
   int num_blocks = 0;
   int width = 0;
   std::vector<void*> owned;  // device allocations (CUDA)
@@ -74,21 +94,26 @@ struct StepRig {
 };
 
 std::unique_ptr<StepRig> make_rig(dg::BackendKind backend, bool empty_body, dg::ValidationLevel level,
-                                  int batch) {
+                                  int batch, int context) {
   auto rig = std::make_unique<StepRig>();
   rig->device = backend == dg::BackendKind::kCuda;
   rig->spec = dgbench::spec_of(*dgbench::find_preset("llama3-8b"));
   rig->batch = batch;
+  rig->context = context;
   const int bs = rig->spec.block_size;
-  rig->num_blocks = batch * ((kContext + bs - 1) / bs);
+  const int per_seq = (context + bs - 1) / bs;
+  // Short: distinct blocks per sequence (the attention body appends). Long (empty body only): one
+  // shared row of blocks, so the cache stays 2 x 64 MiB; it is never read, so it is not filled.
+  const bool shared = context > kShortContext;
+  rig->num_blocks = shared ? per_seq : batch * per_seq;
   const std::size_t cache_bytes =
       static_cast<std::size_t>(rig->num_blocks) * rig->spec.block_elems() * dg::dtype_size(rig->spec.dtype);
   dg::ExecutorConfig cfg;
   cfg.spec = rig->spec;
   cfg.num_layers = 1;
-  cfg.layers.push_back({rig->alloc(cache_bytes, 11), rig->alloc(cache_bytes, 12)});
+  cfg.layers.push_back({rig->alloc(cache_bytes, shared ? 0 : 11), rig->alloc(cache_bytes, shared ? 0 : 12)});
   cfg.max_batch = 256;
-  cfg.max_seq_len = 8192;
+  cfg.max_seq_len = kLongContext;
   cfg.num_blocks = rig->num_blocks;
   cfg.backend = backend;
   cfg.validation = level;
@@ -98,13 +123,14 @@ std::unique_ptr<StepRig> make_rig(dg::BackendKind backend, bool empty_body, dg::
   rig->ex = std::make_unique<dg::Executor>(cfg, body);
   rig->width = rig->ex->config().max_blocks_per_seq > 0 ? rig->ex->config().max_blocks_per_seq
                                                         : (cfg.max_seq_len + bs - 1) / bs;
-  rig->lens.assign(batch, kContext);
+  rig->lens.assign(batch, context);
   rig->tables.assign(static_cast<std::size_t>(batch) * rig->width, 0);
   rig->slots.resize(batch);
-  const int per_seq = (kContext + bs - 1) / bs;
   for (int i = 0; i < batch; ++i) {
-    for (int b = 0; b < per_seq; ++b) rig->tables[static_cast<std::size_t>(i) * rig->width + b] = i * per_seq + b;
-    rig->slots[i] = static_cast<int64_t>(i * per_seq) * bs + (kContext - 1) % bs;
+    const int first = shared ? 0 : i * per_seq;
+    for (int b = 0; b < per_seq; ++b) rig->tables[static_cast<std::size_t>(i) * rig->width + b] = first + b;
+    // The slot of position context - 1 (kFull checks it): the last block of the row.
+    rig->slots[i] = static_cast<int64_t>(first + per_seq - 1) * bs + (context - 1) % bs;
   }
   for (int l = 0; l < 1; ++l) {
     const std::size_t qn = static_cast<std::size_t>(256) * rig->spec.num_q_heads * rig->spec.head_size;
@@ -147,22 +173,34 @@ void drain(const StepRig& rig) {
 #endif
 }
 
-void BM_StepBody(benchmark::State& state, dg::BackendKind backend, bool empty_body,
-                 dg::ValidationLevel level, dg::MemorySpace space) {
+void BM_StepBody(benchmark::State& state, dg::BackendKind backend, bool empty_body, int context,
+                 dg::ValidationLevel level, Inputs inputs) {
   if (backend == dg::BackendKind::kCuda && !dg::cuda_device_available()) {
     state.SkipWithError("no CUDA device");
     return;
   }
   const int batch = static_cast<int>(state.range(0));
-  std::unique_ptr<StepRig> rig = make_rig(backend, empty_body, level, batch);
+  std::unique_ptr<StepRig> rig = make_rig(backend, empty_body, level, batch, context);
   dg::StepInputs in;
   in.num_seqs = batch;
   in.block_table_stride = rig->width;
-  in.space = space;
-  const bool dev_inputs = space == dg::MemorySpace::kDevice;
+  const bool dev_inputs = inputs == Inputs::kDevice || inputs == Inputs::kDeviceHint;
+  in.space = dev_inputs ? dg::MemorySpace::kDevice : dg::MemorySpace::kHost;
   in.seq_lens = dev_inputs ? rig->d_lens : rig->lens.data();
   in.block_tables = dev_inputs ? rig->d_tables : rig->tables.data();
   in.slot_mapping = dev_inputs ? rig->d_slots : rig->slots.data();
+  if (inputs == Inputs::kDeviceHint) in.max_seq_len = context;
+  const bool staged = inputs == Inputs::kHostStaging;
+  if (staged) {  // written once: the contents stay valid across steps that point at them
+    const dg::HostStaging h = rig->ex->host_staging();
+    std::copy(rig->lens.begin(), rig->lens.end(), h.seq_lens.begin());
+    std::copy(rig->slots.begin(), rig->slots.end(), h.slot_mapping.begin());
+    std::copy(rig->tables.begin(), rig->tables.end(), h.block_tables.begin());  // width = the staging stride
+    in.seq_lens = h.seq_lens.data();
+    in.block_tables = h.block_tables.data();
+    in.block_table_stride = h.block_table_stride;
+    in.slot_mapping = h.slot_mapping.data();
+  }
 
   // Warm-up: the first step captures the bucket's graph; a few more settle caches and allocators.
   for (int i = 0; i < 16; ++i) rig->ex->step(in);
@@ -177,6 +215,7 @@ void BM_StepBody(benchmark::State& state, dg::BackendKind backend, bool empty_bo
     // cost, so the stream is drained before every step, outside the timed region.
     if (rig->device) drain(*rig);
     const auto t0 = Clock::now();
+    if (staged) benchmark::DoNotOptimize(rig->ex->host_staging());
     dg::StepResult r = rig->ex->step(in);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     benchmark::DoNotOptimize(r);
@@ -188,13 +227,16 @@ void BM_StepBody(benchmark::State& state, dg::BackendKind backend, bool empty_bo
   state.counters["us_per_step"] = dgbench::percentile(us, 50);
   state.counters["us_p99"] = dgbench::percentile(us, 99);
   state.counters["batch"] = batch;
+  const dg::ExecutorStats st = rig->ex->stats();
+  state.counters["copy_bytes_per_step"] = static_cast<double>(st.staging_copy_bytes) / std::max<long long>(st.steps, 1);
+  state.counters["downloads_per_step"] = static_cast<double>(st.input_downloads) / std::max<long long>(st.steps, 1);
 }
 
 // A library Error (an unsupported shape, a failed launch) becomes an error row instead of ending the run.
-void BM_Step(benchmark::State& state, dg::BackendKind backend, bool empty_body, dg::ValidationLevel level,
-             dg::MemorySpace space) {
+void BM_Step(benchmark::State& state, dg::BackendKind backend, bool empty_body, int context,
+             dg::ValidationLevel level, Inputs inputs) {
   try {
-    BM_StepBody(state, backend, empty_body, level, space);
+    BM_StepBody(state, backend, empty_body, context, level, inputs);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -207,20 +249,24 @@ void register_all() {
   };
   for (B b : {B{dg::BackendKind::kHost, "host"}, B{dg::BackendKind::kCuda, "cuda"}}) {
     for (bool empty : {true, false}) {
-      for (dg::ValidationLevel v : {dg::ValidationLevel::kCheap, dg::ValidationLevel::kFull}) {
-        for (dg::MemorySpace sp : {dg::MemorySpace::kHost, dg::MemorySpace::kDevice}) {
-          if (sp == dg::MemorySpace::kDevice && b.kind != dg::BackendKind::kCuda) continue;
-          const std::string name =
-              fmt::format("BM_Step/backend:{}/body:{}/validation:{}/inputs:{}", b.name, empty ? "empty" : "attention",
-                          v == dg::ValidationLevel::kCheap ? "cheap" : "full",
-                          sp == dg::MemorySpace::kHost ? "host" : "device");
-          benchmark::RegisterBenchmark(name.c_str(), BM_Step, b.kind, empty, v, sp)
-              ->ArgName("batch")
-              ->Arg(1)
-              ->Arg(64)
-              ->Arg(256)
-              ->UseManualTime()
-              ->Unit(benchmark::kMicrosecond);
+      for (int context : {kShortContext, kLongContext}) {
+        if (!empty && context != kShortContext) continue;  // CPU attention over 32K tokens is not step()
+        for (dg::ValidationLevel v : {dg::ValidationLevel::kCheap, dg::ValidationLevel::kFull}) {
+          for (Inputs in : {Inputs::kHost, Inputs::kHostStaging, Inputs::kDevice, Inputs::kDeviceHint}) {
+            const bool dev = in == Inputs::kDevice || in == Inputs::kDeviceHint;
+            if (dev && b.kind != dg::BackendKind::kCuda) continue;
+            const std::string name =
+                fmt::format("BM_Step/backend:{}/body:{}/context:{}/validation:{}/inputs:{}", b.name,
+                            empty ? "empty" : "attention", context, v == dg::ValidationLevel::kCheap ? "cheap" : "full",
+                            name_of(in));
+            benchmark::RegisterBenchmark(name.c_str(), BM_Step, b.kind, empty, context, v, in)
+                ->ArgName("batch")
+                ->Arg(1)
+                ->Arg(64)
+                ->Arg(256)
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
+          }
         }
       }
     }

@@ -1,7 +1,8 @@
 // The executor's backend interface (internal): memory, staging copies, capture/instantiate/update/
-// launch of a graph, and the ops a step enqueues. Two implementations: the CUDA backend
-// (executor/cuda/) captures a stream into a cudaGraph_t; the host backend (host_backend.cpp) records
-// closures with their arguments bound and reruns them on replay, so it has graph semantics.
+// launch of a graph, the stream a step runs on, and the ops a step enqueues. Two implementations:
+// the CUDA backend (executor/cuda/) captures a stream into a cudaGraph_t; the host backend
+// (host_backend.cpp) records closures with their arguments bound and reruns them on replay, so it
+// has graph semantics.
 //
 // Every operation consults decodegraph::fault::should_fail(site) first and throws Error naming the
 // call (or its host twin) when a failure is injected, leaving nothing half-built.
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/executor.hpp"
@@ -25,14 +27,40 @@ class BackendGraph {
   virtual std::size_t bytes() const = 0;
 };
 
+/// A captured graph not yet instantiated (or to be applied to an instantiated one).
+class CapturedGraph {
+ public:
+  virtual ~CapturedGraph() = default;
+};
+
+/// What the backend knows about the memory behind a pointer.
+struct AddressRange {
+  enum Kind { kUnknown, kDevice, kHostOnly };
+  Kind kind = kUnknown;
+  std::size_t bytes_from_ptr = 0;  // kDevice: from the pointer to the end of its allocation
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual BackendKind kind() const = 0;
+  /// The backend's own stream (nullptr on host).
   virtual Stream stream() const = 0;
   /// The device model for `spec` (called once, at construction, outside any capture): CUDA queries
   /// the SM count and the pass-1 kernel's occupancy; the host backend models an H200.
   virtual DeviceModel device_model(const AttentionSpec& spec) const = 0;
+
+  // ------------------------------------------------------------ the step's stream
+  /// Makes `s` (nullopt: the backend's own stream) the stream that staging, downloads, launches and
+  /// timing use until end_step(), and orders it after the previous step's work when the stream
+  /// changed. Every begin_step is followed by end_step, also when the step fails.
+  virtual void begin_step(std::optional<Stream> s) = 0;
+  /// Marks the end of the step's work on its stream (what the next step, wait_last_step and the
+  /// destructor order after). Never throws.
+  virtual void end_step() noexcept = 0;
+  /// Blocks until the last step's work has finished (CUDA: an event, which stays valid even if the
+  /// caller's stream is destroyed meanwhile).
+  virtual void wait_last_step() = 0;
 
   // ------------------------------------------------------------ memory (site kAlloc / kMemcpy)
   /// Zero-initialised executor memory (device on CUDA, host on the host backend), 256-byte aligned.
@@ -41,33 +69,49 @@ class Backend {
   /// Pinned host memory for staging (plain host memory on the host backend).
   virtual void* alloc_host(std::size_t bytes) = 0;
   virtual void free_host(void* p) noexcept = 0;
-  /// Synchronous copy host -> executor memory (construction time only).
+  /// Synchronous copy host -> executor memory, on the backend's own stream (outside steps).
   virtual void upload(void* dst, const void* src, std::size_t bytes) = 0;
-  /// Synchronous copy of caller memory in `space` to host (validation of device inputs).
+  /// Synchronous copy of caller memory in `space` to host, on the step's stream (validation of
+  /// device inputs): waits for everything queued there before.
   virtual void download(void* dst, const void* src, std::size_t bytes, MemorySpace space) = 0;
-  /// Staging: 2D copy of `rows` rows of `width` bytes, stream-ordered. src is in `space`
-  /// (host staging mirror or caller device memory), dst is executor memory.
+  /// Staging: 2D copy of `rows` rows of `width` bytes, ordered on the step's stream. src is in
+  /// `space` (host staging mirror or caller device memory), dst is executor memory.
   virtual void stage_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
                         std::size_t width, std::size_t rows, MemorySpace space) = 0;
-  /// Staging: byte fill of executor memory, stream-ordered.
+  /// Staging: byte fill of executor memory, ordered on the step's stream.
   virtual void stage_fill(void* dst, int byte, std::size_t bytes) = 0;
   /// Blocks until the previous step's staging copies have read the host mirror (CUDA: event wait).
   virtual void wait_staging_reusable() = 0;
-  /// Marks the end of this step's staging copies (CUDA: records the event).
+  /// Marks the end of this step's staging copies (CUDA: records the event on the step's stream).
   virtual void staging_done() = 0;
+  /// What the backend can tell about the allocation behind `p` (CUDA: the driver's address range).
+  virtual AddressRange address_range(const void* p) const = 0;
 
   // ------------------------------------------------------------ graphs
-  virtual void begin_capture() = 0;  // kCaptureBegin
-  /// Ends the capture and instantiates (kCaptureEnd, kInstantiate). On failure nothing survives.
-  virtual std::unique_ptr<BackendGraph> end_capture_and_instantiate() = 0;
+  virtual void begin_capture() = 0;  // kCaptureBegin, on the backend's own stream
+  /// Ends the capture (kCaptureEnd). On failure the capture is over and nothing survives.
+  virtual std::unique_ptr<CapturedGraph> end_capture() = 0;
+  /// Instantiates a captured graph (kInstantiate).
+  virtual std::unique_ptr<BackendGraph> instantiate(CapturedGraph& captured) = 0;
+  /// Applies a re-captured graph to `exec` in place (kGraphUpdate), re-instantiating where the
+  /// update is refused (kInstantiate). Returns true when updated in place. On failure `exec` is
+  /// unchanged (still the old graph).
+  virtual bool update(BackendGraph& exec, CapturedGraph& captured) = 0;
+  /// end_capture, then instantiate.
+  std::unique_ptr<BackendGraph> end_capture_and_instantiate() {
+    std::unique_ptr<CapturedGraph> g = end_capture();
+    return instantiate(*g);
+  }
+  /// end_capture, then update. Returns true when updated in place.
+  bool end_capture_and_update(BackendGraph& exec) {
+    std::unique_ptr<CapturedGraph> g = end_capture();
+    return update(exec, *g);
+  }
   /// Ends a capture that is being abandoned (an exception escaped); never throws.
   virtual void abort_capture() noexcept = 0;
-  /// Re-captured topology into an existing executable graph: in-place update, falling back to a
-  /// fresh instantiation (kGraphUpdate). Consumes the pending capture.
-  virtual void end_capture_and_update(BackendGraph& exec) = 0;
-  virtual void launch(BackendGraph& g) = 0;  // kGraphLaunch
+  virtual void launch(BackendGraph& g) = 0;  // kGraphLaunch, on the step's stream
   /// Launches `g` once to warm up, then `replays` times, and returns the microseconds per replay
-  /// (CUDA: events on the executor stream; host: the wall clock). Refused during a capture.
+  /// (CUDA: events on the step's stream; host: the wall clock). Refused during a capture.
   virtual double time_replays(BackendGraph& g, int replays) = 0;
 
   // ------------------------------------------------------------ ops (recorded while capturing)
@@ -75,6 +119,8 @@ class Backend {
   virtual void attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
                             std::size_t workspace_bytes) = 0;
   virtual void append(const AppendArgs& args) = 0;
+  /// Copies `bytes` of executor memory to pinned host memory (kMemcpy when recorded).
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
   /// Host backend: records fn. CUDA backend: throws Error.
   virtual void host_work(std::function<void()> fn) = 0;
 };

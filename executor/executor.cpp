@@ -5,8 +5,9 @@
 // host_backend.cpp and cuda/.
 //
 // NOTE(graph): every pointer a captured op reads (seq_lens, block_tables, slot_mapping, q/out/new
-// K/V, workspace, alibi) is allocated once here and never moves; what changes between steps is
-// written into those buffers by staging, never baked into a launch.
+// K/V, workspace, alibi, the bad-block flag) is allocated once here and never moves; what changes
+// between steps is written into those buffers by staging, never baked into a launch. Caller
+// buffers move only through rebind_layers, which re-captures and updates every graph.
 #include "decodegraph/executor.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -15,8 +16,10 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -91,10 +94,28 @@ struct AbortCapture {
   }
 };
 
+/// Calls end_step() when a step ends, also when it throws.
+struct EndStep {
+  Backend* b;
+  ~EndStep() { b->end_step(); }
+};
+
 std::string mib(std::size_t bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
   return b;
+}
+
+std::string ptr_text(const void* p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", p);
+  return b;
+}
+
+/// True when [p, p + n) overlaps [base, base + bytes).
+bool overlaps(const void* p, std::size_t n, const void* base, std::size_t bytes) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(base);
+  return a < b + bytes && b < a + std::max<std::size_t>(n, 1);
 }
 
 }  // namespace
@@ -141,6 +162,21 @@ struct Executor::Impl {
   std::size_t workspace_bytes = 0;
   void* measure_out = nullptr;  // kMeasured: [max_batch, num_q_heads, head_size], candidates write here
   std::vector<LayerBuffers> layers;  // resolved: caller or owned buffers
+  /// Executor-owned q/out/new K/V per layer (null where the caller gives the buffer). Kept when a
+  /// rebind hands a layer's buffer to the caller, reused when a later rebind hands it back.
+  struct OwnedLayer {
+    void* q = nullptr;
+    void* out = nullptr;
+    void* new_key = nullptr;
+    void* new_value = nullptr;
+  };
+  std::vector<OwnedLayer> owned_layers;
+  /// NOTE(graph): device int every attention launch reports its first clamped block id into
+  /// (DecodeArgs::bad_block); each graph ends with a copy of it into bad_block_h (pinned), which the
+  /// next step reads without any CUDA call. It is sticky: only a report resets it.
+  int* bad_block = nullptr;
+  int* bad_block_h = nullptr;
+  long long reported_through = 0;  // steps up to here were covered by the last bad-block report
 
   // Host staging mirrors (pinned on CUDA) and scratch for validating device-resident inputs.
   int32_t* seq_lens_h = nullptr;
@@ -163,6 +199,8 @@ struct Executor::Impl {
   int total_captures = 0;
   int measured_buckets = 0, candidate_graphs = 0;
   double measure_ms = 0;
+  int rebinds = 0, graph_updates = 0, graph_reinstantiations = 0;
+  long long input_downloads = 0, staging_copy_bytes = 0, bad_block_reports = 0;
   std::size_t static_bytes = 0;
 
   std::size_t q_bytes() const {
@@ -195,15 +233,26 @@ struct Executor::Impl {
     if (layer < 0 || layer >= cfg.num_layers)
       throw_invalid("layer", layer, "0..num_layers-1 = 0.." + std::to_string(cfg.num_layers - 1));
   }
+  std::size_t mirror_table_bytes() const {
+    return static_cast<std::size_t>(cfg.max_batch) * cfg.max_blocks_per_seq * sizeof(int32_t);
+  }
 
+  StepResult step(const StepInputs& in, std::optional<Stream> stream);
   int validate(const StepInputs& in);
-  void stage(const StepInputs& in, const BucketPlan& plan, int max_len);
+  void check_staging_pointers(const StepInputs& in) const;
+  void stage(const StepInputs& in, const BucketPlan& plan, int band_len);
   void stage_synthetic(const BucketPlan& plan);
   void join(std::size_t idx);
   void measure(std::size_t idx);
   void capture(std::size_t idx);
+  void record(const BucketPlan& plan);
   void check_graph_budget(std::size_t idx, std::size_t bytes) const;
-  void attention(const BucketPlan& plan, int layer, const void* q, void* out);
+  void check_device_ranges(const std::vector<LayerBuffers>& given) const;
+  std::size_t owned_bytes_missing(const std::vector<LayerBuffers>& given) const;
+  std::vector<LayerBuffers> resolve_layers(const std::vector<LayerBuffers>& given);
+  void report_bad_block(bool wait);
+  void attention(const BucketPlan& plan, int layer, const void* q, void* out, int64_t q_stride,
+                 int64_t out_stride);
 };
 
 // ---------------------------------------------------------------- StepContext
@@ -229,6 +278,8 @@ void StepContext::append_kv(int layer) {
   a.num_blocks = ex.cfg.num_blocks;
   a.key = ex.layers[layer].new_key;
   a.value = ex.layers[layer].new_value;
+  a.key_stride = ex.layers[layer].new_key_stride;
+  a.value_stride = ex.layers[layer].new_value_stride;
   a.k_cache = ex.layers[layer].k_cache;
   a.v_cache = ex.layers[layer].v_cache;
   a.slot_mapping = ex.slot_mapping;
@@ -237,25 +288,29 @@ void StepContext::append_kv(int layer) {
 
 void StepContext::attention(int layer) {
   impl_->ex->check_layer(layer);
-  attention(layer, impl_->ex->layers[layer].q, impl_->ex->layers[layer].out);
+  const LayerBuffers& lb = impl_->ex->layers[layer];
+  attention(layer, lb.q, lb.out, lb.q_stride, lb.out_stride);
 }
 
-void StepContext::attention(int layer, const void* q, void* out) {
+void StepContext::attention(int layer, const void* q, void* out, int64_t q_stride, int64_t out_stride) {
   Executor::Impl& ex = *impl_->ex;
   ex.check_layer(layer);
   require(q != nullptr, "q", "null", "a query buffer [max_batch, num_q_heads, head_size]");
   require(out != nullptr, "out", "null", "an output buffer [max_batch, num_q_heads, head_size]");
-  ex.attention(*impl_->plan, layer, q, out);
+  ex.attention(*impl_->plan, layer, q, out, q_stride, out_stride);
 }
 
 // One layer's attention as `p` launches it (a graph's plan, or a kMeasured candidate).
-void Executor::Impl::attention(const BucketPlan& p, int layer, const void* q, void* out) {
+void Executor::Impl::attention(const BucketPlan& p, int layer, const void* q, void* out, int64_t q_stride,
+                               int64_t out_stride) {
   DecodeArgs a;
   a.spec = cfg.spec;
   a.num_seqs = p.batch;          // NOTE(graph): the bucket's padded batch, padded rows have length 0
   a.max_seq_len = p.launch_len;  // NOTE(graph): sizes the grid; >= band_hi of every bucket replaying it
   a.block_table_stride = cfg.max_blocks_per_seq;
   a.num_blocks = cfg.num_blocks;
+  a.q_stride = q_stride;
+  a.out_stride = out_stride;
   a.q = q;
   a.out = out;
   a.k_cache = layers[layer].k_cache;
@@ -263,6 +318,7 @@ void Executor::Impl::attention(const BucketPlan& p, int layer, const void* q, vo
   a.block_tables = block_tables;
   a.seq_lens = seq_lens;
   a.alibi_slopes = alibi;
+  a.bad_block = bad_block;  // NOTE(graph): fixed address; ids are clamped, the first bad one reported
   if (p.kernel == KernelKind::kV1)
     backend->attention_v1(a);
   else
@@ -313,6 +369,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.cfg = detail::resolve_config(std::move(config),
                                  [&](const AttentionSpec& spec) { return m.backend->device_model(spec); });
   m.cfg.backend = kind;
+  m.check_device_ranges(m.cfg.layers);
   m.body = std::move(body);
   m.plans = detail::make_plans(m.cfg);
   m.num_bands = static_cast<int>(m.cfg.band_edges.size());
@@ -339,40 +396,34 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   const std::size_t bt_bytes = mb * c.max_blocks_per_seq * sizeof(int32_t);
   const std::size_t slot_bytes = mb * sizeof(int64_t);
   const std::size_t alibi_bytes = c.alibi_slopes.size() * sizeof(float);
-  std::size_t layer_bytes = 0;
-  for (const LayerBuffers& lb : c.layers) {
-    layer_bytes += (lb.q ? 0 : m.q_bytes()) + (lb.out ? 0 : m.q_bytes());
-    layer_bytes += (lb.new_key ? 0 : m.kv_token_bytes()) + (lb.new_value ? 0 : m.kv_token_bytes());
-  }
+  m.owned_layers.resize(c.num_layers);
+  const std::size_t layer_bytes = m.owned_bytes_missing(c.layers);
   const std::size_t measure_bytes = c.policy == KernelPolicy::kMeasured ? m.q_bytes() : 0;
-  m.static_bytes = seq_bytes + bt_bytes + slot_bytes + alibi_bytes + layer_bytes + measure_bytes;
-  const std::size_t needed = m.static_bytes + m.workspace_bytes;
+  m.static_bytes = seq_bytes + bt_bytes + slot_bytes + alibi_bytes + sizeof(int) + measure_bytes;
+  const std::size_t needed = m.static_bytes + layer_bytes + m.workspace_bytes;
   if (c.memory_budget_bytes != 0 && needed > c.memory_budget_bytes)
     throw_invalid("memory_budget_bytes", c.memory_budget_bytes,
                   ">= " + std::to_string(needed) + " bytes needed (static buffers " +
-                      std::to_string(m.static_bytes) + " + V2 workspace " +
+                      std::to_string(m.static_bytes + layer_bytes) + " + V2 workspace " +
                       std::to_string(m.workspace_bytes) + "), or 0 for unlimited");
 
   // Allocation: any failure unwinds through Owned, so nothing leaks.
   m.seq_lens = static_cast<int32_t*>(m.alloc(seq_bytes));
   m.block_tables = static_cast<int32_t*>(m.alloc(bt_bytes));
   m.slot_mapping = static_cast<int64_t*>(m.alloc(slot_bytes));
+  m.bad_block = static_cast<int*>(m.alloc(sizeof(int)));
   if (m.workspace_bytes) m.workspace = m.alloc(m.workspace_bytes);
   if (measure_bytes) m.measure_out = m.alloc(measure_bytes);
   if (alibi_bytes) {
     m.alibi = static_cast<float*>(m.alloc(alibi_bytes));
     m.backend->upload(m.alibi, c.alibi_slopes.data(), alibi_bytes);
   }
-  m.layers = c.layers;
-  for (LayerBuffers& lb : m.layers) {
-    if (!lb.q) lb.q = m.alloc(m.q_bytes());
-    if (!lb.out) lb.out = m.alloc(m.q_bytes());
-    if (!lb.new_key) lb.new_key = m.alloc(m.kv_token_bytes());
-    if (!lb.new_value) lb.new_value = m.alloc(m.kv_token_bytes());
-  }
+  m.layers = m.resolve_layers(c.layers);  // adds the owned layer buffers to static_bytes
   m.seq_lens_h = static_cast<int32_t*>(m.alloc_host(seq_bytes));
   m.block_tables_h = static_cast<int32_t*>(m.alloc_host(bt_bytes));
   m.slot_mapping_h = static_cast<int64_t*>(m.alloc_host(slot_bytes));
+  m.bad_block_h = static_cast<int*>(m.alloc_host(sizeof(int)));
+  *m.bad_block_h = 0;  // cudaMallocHost does not zero; the device flag starts at 0 (alloc zeroes)
   m.seq_scratch.resize(mb);
   m.slot_scratch.resize(mb);
 
@@ -394,10 +445,13 @@ Executor& Executor::operator=(Executor&&) noexcept = default;
 
 // ---------------------------------------------------------------- step
 
-// Checks the inputs and returns the largest seq_len. Device-resident inputs (MemorySpace::kDevice):
-// seq_lens are always copied to the host (the band choice needs the largest length; num_seqs * 4
-// bytes, a synchronous copy); block tables and slot mapping are copied and checked only with
-// ValidationLevel::kFull. With kCheap their pointers, the table width and the lengths are checked.
+// Checks the inputs and returns the length the band and the staged table width come from: the
+// max_seq_len hint when given, else the largest seq_len. Host inputs: every length is checked (and
+// against the hint). Device-resident inputs (MemorySpace::kDevice): without a hint seq_lens are
+// copied to the host (num_seqs * 4 bytes, a synchronous copy on the step's stream) to find the
+// band; with one nothing is read back under kCheap. kFull copies and checks everything: lengths
+// (against the hint too), every block id a length uses, and every slot (range, and the position
+// seq_len - 1 of its sequence).
 int Executor::Impl::validate(const StepInputs& in) {
   if (in.num_seqs < 1 || in.num_seqs > cfg.max_batch)
     throw_invalid("inputs.num_seqs", in.num_seqs, "1..max_batch = 1.." + std::to_string(cfg.max_batch));
@@ -407,30 +461,48 @@ int Executor::Impl::validate(const StepInputs& in) {
   if (!in.block_tables) throw_invalid("inputs.block_tables", "null", "a pointer to num_seqs block-table rows");
   if (!in.slot_mapping && cfg.append_kv)
     throw_invalid("inputs.slot_mapping", "null", "a pointer to num_seqs slots (append_kv is on)");
+  if (in.max_seq_len < 0 || in.max_seq_len > cfg.max_seq_len)
+    throw_invalid("inputs.max_seq_len", in.max_seq_len,
+                  "0 (no hint) or 1..max_seq_len = 1.." + std::to_string(cfg.max_seq_len));
+  check_staging_pointers(in);
   const int n = in.num_seqs;
+  const int hint = in.max_seq_len;
   const bool device = in.space == MemorySpace::kDevice;
   const bool full = cfg.validation == ValidationLevel::kFull;
 
+  // Lengths: read unless they are on the device, a hint gives the band and kCheap trusts them.
+  const bool read_lens = !device || hint == 0 || full;
   const int32_t* lens = in.seq_lens;
-  if (device) {
-    backend->download(seq_scratch.data(), in.seq_lens, n * sizeof(int32_t), in.space);
-    lens = seq_scratch.data();
-  }
   int max_len = 0;
-  for (int i = 0; i < n; ++i) {
-    const int len = lens[i];
-    if (len < 1 || len > cfg.max_seq_len)
-      throw_invalid("inputs.seq_lens[" + std::to_string(i) + "]", len,
-                    "1..max_seq_len = 1.." + std::to_string(cfg.max_seq_len));
-    max_len = std::max(max_len, len);
+  if (read_lens) {
+    if (device) {
+      backend->download(seq_scratch.data(), in.seq_lens, n * sizeof(int32_t), in.space);
+      ++input_downloads;
+      lens = seq_scratch.data();
+    }
+    for (int i = 0; i < n; ++i) {
+      const int len = lens[i];
+      if (len < 1 || len > cfg.max_seq_len)
+        throw_invalid("inputs.seq_lens[" + std::to_string(i) + "]", len,
+                      "1..max_seq_len = 1.." + std::to_string(cfg.max_seq_len));
+      max_len = std::max(max_len, len);
+    }
+    if (hint != 0 && max_len > hint) {
+      const int i = static_cast<int>(std::find(lens, lens + n, max_len) - lens);
+      throw_invalid("inputs.max_seq_len", hint,
+                    ">= every seq_len (seq_lens[" + std::to_string(i) + "] = " + std::to_string(max_len) +
+                        "), or 0 for no hint");
+    }
   }
+  const int band_len = hint != 0 ? hint : max_len;
   const int bs = cfg.spec.block_size;
-  const int need_cols = (max_len + bs - 1) / bs;
+  const int need_cols = (band_len + bs - 1) / bs;
   if (in.block_table_stride < need_cols)
     throw_invalid("inputs.block_table_stride", in.block_table_stride,
-                  ">= ceil(max seq_len " + std::to_string(max_len) + " / block_size " +
-                      std::to_string(bs) + ") = " + std::to_string(need_cols));
-  if (!full) return max_len;
+                  ">= ceil(" + std::string(hint != 0 ? "max_seq_len hint " : "max seq_len ") +
+                      std::to_string(band_len) + " / block_size " + std::to_string(bs) + ") = " +
+                      std::to_string(need_cols));
+  if (!full) return band_len;
 
   const int32_t* bt = in.block_tables;
   const int64_t* slots = in.slot_mapping;
@@ -438,9 +510,11 @@ int Executor::Impl::validate(const StepInputs& in) {
     const std::size_t entries = static_cast<std::size_t>(n) * in.block_table_stride;
     if (bt_scratch.size() < entries) bt_scratch.resize(entries);  // grows once per new maximum
     backend->download(bt_scratch.data(), in.block_tables, entries * sizeof(int32_t), in.space);
+    ++input_downloads;
     bt = bt_scratch.data();
     if (slots) {
       backend->download(slot_scratch.data(), in.slot_mapping, n * sizeof(int64_t), in.space);
+      ++input_downloads;
       slots = slot_scratch.data();
     }
   }
@@ -458,30 +532,81 @@ int Executor::Impl::validate(const StepInputs& in) {
       if (slots[i] >= cap)
         throw_invalid("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i],
                       "negative (skip) or 0..num_blocks*block_size-1 = 0.." + std::to_string(cap - 1));
+    // seq_lens includes this step's token, so its slot is that of position seq_len - 1. A slot of
+    // position seq_len (lengths counted before the append) is the classic off-by-one: the attention
+    // would read a stale token at seq_len - 1 and the new one would land past the length.
+    for (int i = 0; i < n; ++i) {
+      if (slots[i] < 0) continue;
+      const int pos = lens[i] - 1;
+      const int col = pos / bs;
+      const int64_t block = bt[static_cast<std::size_t>(i) * in.block_table_stride + col];
+      const int64_t want = block * bs + pos % bs;
+      if (slots[i] != want)
+        throw_invalid("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i],
+                      "negative (skip) or the slot of position seq_len - 1 = " + std::to_string(pos) +
+                          " (seq_lens counts the token appended this step): block_tables[" +
+                          std::to_string(i) + "][" + std::to_string(col) + "] * block_size + " +
+                          std::to_string(pos % bs) + " = " + std::to_string(block) + " * " +
+                          std::to_string(bs) + " + " + std::to_string(pos % bs) + " = " + std::to_string(want));
+    }
   }
-  return max_len;
+  return band_len;
+}
+
+// Inputs may point at the host staging buffers (host_staging()), but only as handed out: each at its
+// buffer's start, the table at its pitch, in host space. Anything else overlapping them would be
+// copied onto itself.
+void Executor::Impl::check_staging_pointers(const StepInputs& in) const {
+  const std::size_t n = static_cast<std::size_t>(in.num_seqs);
+  const std::size_t mb = static_cast<std::size_t>(cfg.max_batch);
+  auto check = [&](const void* p, std::size_t bytes, const void* base, std::size_t base_bytes, const char* name) {
+    if (p == base || !overlaps(p, bytes, base, base_bytes)) return;
+    throw_invalid(std::string("inputs.") + name, ptr_text(p),
+                  std::string("a buffer outside the host staging buffers, or exactly host_staging().") + name);
+  };
+  check(in.seq_lens, n * sizeof(int32_t), seq_lens_h, mb * sizeof(int32_t), "seq_lens");
+  check(in.slot_mapping, n * sizeof(int64_t), slot_mapping_h, mb * sizeof(int64_t), "slot_mapping");
+  const std::size_t rows = in.block_table_stride > 0 ? n * static_cast<std::size_t>(in.block_table_stride) : n;
+  check(in.block_tables, rows * sizeof(int32_t), block_tables_h, mirror_table_bytes(), "block_tables");
+  const bool any = in.seq_lens == seq_lens_h || in.slot_mapping == slot_mapping_h || in.block_tables == block_tables_h;
+  if (any && in.space != MemorySpace::kHost)
+    throw_invalid("inputs.space", "kDevice", "kHost for inputs in the host staging buffers");
+  if (in.block_tables == block_tables_h && in.block_table_stride != cfg.max_blocks_per_seq)
+    throw_invalid("inputs.block_table_stride", in.block_table_stride,
+                  "host_staging().block_table_stride = " + std::to_string(cfg.max_blocks_per_seq) +
+                      " for block_tables in the host staging buffer");
 }
 
 // Copies the inputs into the static buffers for bucket `plan`. Rows [num_seqs, batch) get seq_len 0
-// and slot -1. Only the block-table columns the longest sequence uses are copied: the kernels never
-// read past a row's length.
-void Executor::Impl::stage(const StepInputs& in, const BucketPlan& plan, int max_len) {
+// and slot -1. Only the block-table columns band_len needs are copied: the kernels never read past
+// a row's length, clamped to the band. Host inputs go through the pinned mirrors, unless they were
+// written there already (host_staging()): then only the DMA remains.
+void Executor::Impl::stage(const StepInputs& in, const BucketPlan& plan, int band_len) {
   const int n = in.num_seqs;
   const int pad = plan.batch - n;
   const int slots = in.slot_mapping ? n : 0;  // rows [slots, batch) get slot -1
-  const std::size_t cols = static_cast<std::size_t>((max_len + cfg.spec.block_size - 1) / cfg.spec.block_size);
+  const std::size_t cols = static_cast<std::size_t>((band_len + cfg.spec.block_size - 1) / cfg.spec.block_size);
   const std::size_t dpitch = static_cast<std::size_t>(cfg.max_blocks_per_seq) * sizeof(int32_t);
   const std::size_t spitch = static_cast<std::size_t>(in.block_table_stride) * sizeof(int32_t);
   backend->wait_staging_reusable();
   if (in.space == MemorySpace::kHost) {
-    std::memcpy(seq_lens_h, in.seq_lens, n * sizeof(int32_t));
-    std::fill(seq_lens_h + n, seq_lens_h + plan.batch, 0);
-    if (slots) std::memcpy(slot_mapping_h, in.slot_mapping, slots * sizeof(int64_t));
-    std::fill(slot_mapping_h + slots, slot_mapping_h + plan.batch, int64_t{-1});
     const std::size_t width = cols * sizeof(int32_t);
-    for (int i = 0; i < n; ++i)
-      std::memcpy(reinterpret_cast<char*>(block_tables_h) + i * dpitch,
-                  reinterpret_cast<const char*>(in.block_tables) + i * spitch, width);
+    if (in.seq_lens != seq_lens_h) {
+      std::memcpy(seq_lens_h, in.seq_lens, n * sizeof(int32_t));
+      staging_copy_bytes += n * sizeof(int32_t);
+    }
+    std::fill(seq_lens_h + n, seq_lens_h + plan.batch, 0);
+    if (slots && in.slot_mapping != slot_mapping_h) {
+      std::memcpy(slot_mapping_h, in.slot_mapping, slots * sizeof(int64_t));
+      staging_copy_bytes += slots * sizeof(int64_t);
+    }
+    std::fill(slot_mapping_h + slots, slot_mapping_h + plan.batch, int64_t{-1});
+    if (in.block_tables != block_tables_h) {
+      for (int i = 0; i < n; ++i)
+        std::memcpy(reinterpret_cast<char*>(block_tables_h) + i * dpitch,
+                    reinterpret_cast<const char*>(in.block_tables) + i * spitch, width);
+      staging_copy_bytes += static_cast<long long>(n) * width;
+    }
     backend->stage_2d(seq_lens, 0, seq_lens_h, 0, plan.batch * sizeof(int32_t), 1, MemorySpace::kHost);
     backend->stage_2d(slot_mapping, 0, slot_mapping_h, 0, plan.batch * sizeof(int64_t), 1, MemorySpace::kHost);
     backend->stage_2d(block_tables, dpitch, block_tables_h, dpitch, width, n, MemorySpace::kHost);
@@ -509,7 +634,9 @@ void Executor::Impl::stage_synthetic(const BucketPlan& plan) {
   in.seq_lens = lens.data();
   in.block_tables = tables.data();
   in.block_table_stride = cols;
+  const long long copied = staging_copy_bytes;  // not a step's copy
   stage(in, plan, len);
+  staging_copy_bytes = copied;
 }
 
 // Assigns bucket `idx` to the graph of its launch, making a new one the first time a launch is seen.
@@ -557,7 +684,7 @@ void Executor::Impl::measure(std::size_t idx) {
     detail::set_launch(trial, cfg, cands[k].kernel, cands[k].partition_size);
     backend->begin_capture();
     AbortCapture abort{backend.get()};
-    for (int l = 0; l < cfg.num_layers; ++l) attention(trial, l, layers[l].q, measure_out);
+    for (int l = 0; l < cfg.num_layers; ++l) attention(trial, l, layers[l].q, measure_out, layers[l].q_stride, 0);
     abort.armed = false;
     std::unique_ptr<BackendGraph> g = backend->end_capture_and_instantiate();
     ++candidate_graphs;
@@ -588,16 +715,7 @@ void Executor::Impl::capture(std::size_t idx) {
   const auto t0 = std::chrono::steady_clock::now();
   backend->begin_capture();
   AbortCapture abort{backend.get()};
-  StepContext::Impl ctx_impl{this, &plan};
-  StepContext ctx(&ctx_impl);
-  if (body) {
-    body(ctx);
-  } else {
-    for (int l = 0; l < cfg.num_layers; ++l) {
-      if (cfg.append_kv) ctx.append_kv(l);
-      ctx.attention(l);
-    }
-  }
+  record(plan);
   const double capture_ms = ms_since(t0);
   abort.armed = false;  // end_capture_and_instantiate ends the capture on every path
   const auto t1 = std::chrono::steady_clock::now();
@@ -623,6 +741,23 @@ void Executor::Impl::capture(std::size_t idx) {
             s.nodes, capture_ms, inst_ms, mib(s.bytes));
 }
 
+// Records one graph's work into the running capture: the step body (or every layer's append and
+// attention), then the copy of the bad-block flag to the host. NOTE(graph): the copy comes last, in
+// stream order after every launch that may set the flag.
+void Executor::Impl::record(const BucketPlan& plan) {
+  StepContext::Impl ctx_impl{this, &plan};
+  StepContext ctx(&ctx_impl);
+  if (body) {
+    body(ctx);
+  } else {
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      if (cfg.append_kv) ctx.append_kv(l);
+      ctx.attention(l);
+    }
+  }
+  backend->copy_to_host(bad_block_h, bad_block, sizeof(int));
+}
+
 // Static buffers and workspace are checked against memory_budget_bytes at construction; graph
 // memory is known only once a bucket is captured, so it is checked here, before the graph is kept.
 // With CapturePolicy::kUpFront an over-budget bucket therefore fails construction; with kLazy the
@@ -639,28 +774,34 @@ void Executor::Impl::check_graph_budget(std::size_t idx, std::size_t bytes) cons
                       ", graph " + std::to_string(plans[idx].graph_id) + "), or 0 for unlimited");
 }
 
-StepResult Executor::step(const StepInputs& inputs) {
+StepResult Executor::step(const StepInputs& inputs) { return impl_->step(inputs, std::nullopt); }
+
+StepResult Executor::step(const StepInputs& inputs, Stream stream) { return impl_->step(inputs, stream); }
+
+StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> stream) {
   detail::NvtxRange range("decodegraph::step");
-  Impl& m = *impl_;
   StepResult r;
   try {
-    const int max_len = m.validate(inputs);
-    const int bucket = m.bucket_of_batch[inputs.num_seqs];
-    const auto& e = m.cfg.band_edges;
-    const int band = static_cast<int>(std::lower_bound(e.begin(), e.end(), max_len) - e.begin());
-    const std::size_t idx = static_cast<std::size_t>(bucket) * m.num_bands + band;
-    const BucketPlan& plan = m.plans[idx];
-    m.stage(inputs, plan, max_len);
+    report_bad_block(/*wait=*/false);
+    EndStep end{backend.get()};
+    backend->begin_step(stream);
+    const int band_len = validate(inputs);
+    const int bucket = bucket_of_batch[inputs.num_seqs];
+    const auto& e = cfg.band_edges;
+    const int band = static_cast<int>(std::lower_bound(e.begin(), e.end(), band_len) - e.begin());
+    const std::size_t idx = static_cast<std::size_t>(bucket) * num_bands + band;
+    const BucketPlan& plan = plans[idx];
+    stage(inputs, plan, band_len);
     if (plan.graph_id < 0) {  // kMeasured: time the candidates on this step's staged inputs
-      m.measure(idx);
+      measure(idx);
       r.measured = true;
     }
-    Impl::GraphSlot& slot = m.slots[plan.graph_id];
+    GraphSlot& slot = slots[plan.graph_id];
     if (!slot.graph) {
-      m.capture(idx);
+      capture(idx);
       r.captured = true;
     }
-    m.backend->launch(*slot.graph);
+    backend->launch(*slot.graph);
     ++slot.stats.replays;
     r.bucket = BucketIndex(bucket);
     r.bucket_batch_size = plan.batch;
@@ -670,19 +811,222 @@ StepResult Executor::step(const StepInputs& inputs) {
     r.partition_size = plan.partition_size;
     r.graph_id = plan.graph_id;
   } catch (...) {
-    ++m.rejected;
+    ++rejected;
     throw;
   }
-  ++m.steps;
-  if (m.log->should_log(spdlog::level::trace))
-    m.log->trace("step {}: num_seqs {} -> batch {} band {} ({}, graph {}){}{}", m.steps, inputs.num_seqs,
-                 r.bucket_batch_size, r.band, to_string(r.kernel), r.graph_id, r.measured ? ", measured" : "",
-                 r.captured ? ", captured" : "");
+  ++steps;
+  if (log->should_log(spdlog::level::trace))
+    log->trace("step {}: num_seqs {} -> batch {} band {} ({}, graph {}){}{}", steps, inputs.num_seqs,
+               r.bucket_batch_size, r.band, to_string(r.kernel), r.graph_id, r.measured ? ", measured" : "",
+               r.captured ? ", captured" : "");
   return r;
+}
+
+// The flag the graphs copy to bad_block_h is read without a CUDA call: a 4-byte aligned DMA write
+// is seen whole or not at all, and the flag only goes from 0 to a reported entry until it is reset
+// here. Resetting waits for the last step first, so no graph still in flight can copy the old
+// value back afterwards.
+void Executor::Impl::report_bad_block(bool wait) {
+  if (wait) backend->wait_last_step();
+  if (*static_cast<volatile int*>(bad_block_h) == 0) {
+    if (wait) reported_through = steps;
+    return;
+  }
+  if (!wait) backend->wait_last_step();
+  const int v = *static_cast<volatile int*>(bad_block_h);
+  const int zero = 0;
+  backend->upload(bad_block, &zero, sizeof zero);
+  *static_cast<volatile int*>(bad_block_h) = 0;
+  ++bad_block_reports;
+  const long long from = reported_through + 1;
+  reported_through = steps;
+  const std::string when = from == steps ? "step " + std::to_string(steps)
+                                         : "one of steps " + std::to_string(from) + ".." + std::to_string(steps) +
+                                               ", those since the last report";
+  std::string entry = "inputs.block_tables (an entry past index INT_MAX)";
+  std::string seq = "one sequence";
+  if (v != INT_MAX) {
+    const int flat = v - 1;
+    const int stride = cfg.max_blocks_per_seq;
+    entry = "inputs.block_tables[" + std::to_string(flat / stride) + "][" + std::to_string(flat % stride) + "]";
+    seq = "sequence " + std::to_string(flat / stride);
+  }
+  throw InvalidArgument(entry + " = (value not recorded) is invalid; allowed: 0..num_blocks-1 = 0.." +
+                        std::to_string(cfg.num_blocks - 1) + ". A previous step (" + when +
+                        ") read this block id: ValidationLevel::kCheap leaves block ids to "
+                        "the caller, and the kernels clamped it into the cache, so that step's output for " + seq +
+                        " is wrong. Reported once; the executor is usable and the next step runs.");
+}
+
+void Executor::check_errors() { impl_->report_bad_block(/*wait=*/true); }
+
+HostStaging Executor::host_staging() {
+  Impl& m = *impl_;
+  m.backend->wait_staging_reusable();
+  const std::size_t mb = static_cast<std::size_t>(m.cfg.max_batch);
+  HostStaging h;
+  h.seq_lens = std::span<int32_t>(m.seq_lens_h, mb);
+  h.block_tables = std::span<int32_t>(m.block_tables_h, mb * m.cfg.max_blocks_per_seq);
+  h.block_table_stride = m.cfg.max_blocks_per_seq;
+  h.slot_mapping = std::span<int64_t>(m.slot_mapping_h, mb);
+  return h;
+}
+
+// ---------------------------------------------------------------- layers and rebinding
+
+// What the CUDA driver says about each caller buffer's allocation (the host backend knows nothing
+// and checks only the sizes given in LayerBuffers, in check_layer_buffers).
+void Executor::Impl::check_device_ranges(const std::vector<LayerBuffers>& given) const {
+  const std::size_t esize = dtype_size(cfg.spec.dtype);
+  const std::size_t need_cache = detail::cache_bytes_needed(cfg);
+  const std::size_t block_bytes = cfg.spec.block_elems() * esize;
+  const int64_t q_row = static_cast<int64_t>(cfg.spec.num_q_heads) * cfg.spec.head_size;
+  const int64_t kv_row = static_cast<int64_t>(cfg.spec.num_kv_heads) * cfg.spec.head_size;
+  // Rows of a strided buffer: the last one starts (max_batch - 1) strides in.
+  auto rows_bytes = [&](int64_t stride, int64_t row) {
+    const int64_t s = stride != 0 ? stride : row;
+    return static_cast<std::size_t>((cfg.max_batch - 1) * s + row) * esize;
+  };
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const LayerBuffers& lb = given[l];
+    const std::string p = "layers[" + std::to_string(l) + "].";
+    auto check = [&](const void* ptr, const char* name, std::size_t need, const std::string& need_text) {
+      if (ptr == nullptr) return;
+      const detail::AddressRange r = backend->address_range(ptr);
+      if (r.kind == detail::AddressRange::kHostOnly)
+        throw_invalid(p + name, ptr_text(ptr), "device memory (this is host memory the GPU cannot read)");
+      if (r.kind == detail::AddressRange::kDevice && r.bytes_from_ptr < need)
+        throw_invalid(p + name,
+                      ptr_text(ptr) + " with " + std::to_string(r.bytes_from_ptr) +
+                          " bytes to the end of its allocation (cuMemGetAddressRange)",
+                      need_text);
+    };
+    const std::string cache_text = "at least num_blocks x block bytes = " + std::to_string(cfg.num_blocks) +
+                                   " x " + std::to_string(block_bytes) + " = " + std::to_string(need_cache) + " bytes";
+    check(lb.k_cache, "k_cache", need_cache, cache_text);
+    check(lb.v_cache, "v_cache", need_cache, cache_text);
+    auto rows_text = [&](std::size_t bytes) {
+      return "at least max_batch = " + std::to_string(cfg.max_batch) + " rows at its stride = " +
+             std::to_string(bytes) + " bytes";
+    };
+    const std::size_t qb = rows_bytes(lb.q_stride, q_row), ob = rows_bytes(lb.out_stride, q_row);
+    const std::size_t kb = rows_bytes(lb.new_key_stride, kv_row), vb = rows_bytes(lb.new_value_stride, kv_row);
+    check(lb.q, "q", qb, rows_text(qb));
+    check(lb.out, "out", ob, rows_text(ob));
+    check(lb.new_key, "new_key", kb, rows_text(kb));
+    check(lb.new_value, "new_value", vb, rows_text(vb));
+  }
+}
+
+// Bytes of executor-owned layer buffers `given` needs that are not allocated yet.
+std::size_t Executor::Impl::owned_bytes_missing(const std::vector<LayerBuffers>& given) const {
+  std::size_t n = 0;
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const LayerBuffers& lb = given[l];
+    const OwnedLayer& o = owned_layers[l];
+    if (!lb.q && !o.q) n += q_bytes();
+    if (!lb.out && !o.out) n += q_bytes();
+    if (!lb.new_key && !o.new_key) n += kv_token_bytes();
+    if (!lb.new_value && !o.new_value) n += kv_token_bytes();
+  }
+  return n;
+}
+
+// `given` with every null q/out/new K/V replaced by the layer's executor-owned buffer (allocated
+// the first time it is needed; executor-owned buffers are contiguous).
+std::vector<LayerBuffers> Executor::Impl::resolve_layers(const std::vector<LayerBuffers>& given) {
+  std::vector<LayerBuffers> out = given;
+  auto own = [&](void*& slot, void*& owned, std::size_t bytes) {
+    if (slot) return;
+    if (!owned) {
+      owned = alloc(bytes);
+      static_bytes += bytes;
+    }
+    slot = owned;
+  };
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    OwnedLayer& o = owned_layers[l];
+    own(out[l].q, o.q, q_bytes());
+    own(out[l].out, o.out, q_bytes());
+    own(out[l].new_key, o.new_key, kv_token_bytes());
+    own(out[l].new_value, o.new_value, kv_token_bytes());
+  }
+  return out;
+}
+
+void Executor::rebind_layers(std::vector<LayerBuffers> layers) {
+  detail::NvtxRange range("decodegraph::rebind_layers");
+  Impl& m = *impl_;
+  // 1. Validation: nothing has changed when this throws.
+  detail::check_layer_buffers(layers, m.cfg);
+  m.check_device_ranges(layers);
+  const std::size_t extra = m.owned_bytes_missing(layers);
+  if (m.cfg.memory_budget_bytes != 0 && extra != 0) {
+    const std::size_t total = m.static_bytes + m.workspace_bytes + m.graph_bytes() + extra;
+    if (total > m.cfg.memory_budget_bytes)
+      throw_invalid("memory_budget_bytes", m.cfg.memory_budget_bytes,
+                    ">= " + std::to_string(total) + " bytes to own the layer buffers left null in rebind_layers, "
+                    "or 0 for unlimited");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<LayerBuffers> resolved = m.resolve_layers(layers);  // owned buffers are kept either way
+  // NOTE(graph): a graph still running reads the old buffers; after this, none does.
+  m.backend->wait_last_step();
+
+  // 2. Re-capture every captured graph with the new buffers. A failure here restores the old
+  //    buffers and leaves every graph as it was.
+  std::vector<LayerBuffers> old = std::exchange(m.layers, std::move(resolved));
+  std::vector<std::pair<Impl::GraphSlot*, std::unique_ptr<detail::CapturedGraph>>> pending;
+  try {
+    for (Impl::GraphSlot& slot : m.slots) {
+      if (!slot.graph) continue;
+      m.backend->begin_capture();
+      AbortCapture abort{m.backend.get()};
+      m.record(slot.plan);
+      abort.armed = false;
+      pending.emplace_back(&slot, m.backend->end_capture());
+    }
+  } catch (...) {
+    m.layers = std::move(old);
+    throw;
+  }
+
+  // 3. Apply them. From here on the new buffers are in effect: a graph whose update and
+  //    re-instantiation both fail is dropped (captured again when a step needs it), never kept
+  //    pointing at the old buffers.
+  m.cfg.layers = std::move(layers);
+  std::exception_ptr first;
+  int updated = 0, reinstantiated = 0, dropped = 0;
+  for (auto& [slot, captured] : pending) {
+    try {
+      if (m.backend->update(*slot->graph, *captured)) {
+        ++slot->stats.updates;
+        ++updated;
+      } else {
+        ++slot->stats.reinstantiations;
+        ++reinstantiated;
+      }
+      slot->stats.nodes = slot->graph->nodes();
+      slot->stats.bytes = slot->graph->bytes();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+      slot->graph.reset();
+      ++dropped;
+    }
+  }
+  m.graph_updates += updated;
+  m.graph_reinstantiations += reinstantiated;
+  m.log->info("rebind_layers: {} graphs updated in place, {} re-instantiated, {} dropped, in {:.3f} ms", updated,
+              reinstantiated, dropped, ms_since(t0));
+  if (first) std::rethrow_exception(first);
+  ++m.rebinds;
 }
 
 void Executor::capture_all() {
   Impl& m = *impl_;
+  // kMeasured stages synthetic inputs and replays: ordered like a step on the executor's stream.
+  EndStep end{m.backend.get()};
+  m.backend->begin_step(std::nullopt);
   for (std::size_t i = 0; i < m.plans.size(); ++i) {
     if (m.plans[i].graph_id < 0) {
       m.stage_synthetic(m.plans[i]);
@@ -742,6 +1086,12 @@ ExecutorStats Executor::stats() const {
   s.measure_ms = m.measure_ms;
   s.measured_buckets = m.measured_buckets;
   s.candidate_graphs = m.candidate_graphs;
+  s.rebinds = m.rebinds;
+  s.graph_updates = m.graph_updates;
+  s.graph_reinstantiations = m.graph_reinstantiations;
+  s.input_downloads = m.input_downloads;
+  s.staging_copy_bytes = m.staging_copy_bytes;
+  s.bad_block_reports = m.bad_block_reports;
   return s;
 }
 

@@ -4,9 +4,18 @@
 // "instantiate" freezes the list; "launch" reruns it through the host implementation. A value the
 // caller changes after capture is therefore not seen unless it lives in a staged buffer (whose
 // address is what got bound), exactly as with a CUDA graph. Executor memory is plain host memory at
-// fixed addresses for the executor's lifetime.
+// fixed addresses for the executor's lifetime. Streams do not exist here: every step runs inside
+// step(), so a caller's stream is accepted and ignored.
+//
+// Attention runs with the kernels' semantics for staged inputs that validation did not see
+// (kCheap, or device inputs with a max_seq_len hint): lengths clamped to [0, max_seq_len], block
+// ids clamped to [0, num_blocks) and the first bad id reported through DecodeArgs::bad_block.
+// The append skips a slot past the cache, as the kernel does. host:: would throw instead, in the
+// middle of a replay; the host backend gives it a sanitised copy, so both backends compute the same
+// numbers and report the same way.
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -27,6 +36,58 @@ constexpr std::size_t kAlign = 256;
 [[noreturn]] void injected(const char* call, fault::Site site) { fault::throw_injected(site, call); }
 
 using Node = std::function<void()>;
+
+class HostCaptured final : public CapturedGraph {
+ public:
+  explicit HostCaptured(std::vector<Node> n) : nodes(std::move(n)) {}
+  std::vector<Node> nodes;
+};
+
+// Runs `run(args)` as the kernels would see the staged inputs (see the top of this file).
+template <class Run>
+void run_with_device_semantics(const DecodeArgs& a, const Run& run) {
+  const int bs = a.spec.block_size;
+  auto bad_id = [&](int32_t id) { return id < 0 || id >= a.num_blocks; };
+  bool clean = true;
+  for (int i = 0; i < a.num_seqs && clean; ++i) {
+    const int len = a.seq_lens[i];
+    if (len < 0 || len > a.max_seq_len) {
+      clean = false;
+      break;
+    }
+    const int32_t* row = a.block_tables + static_cast<int64_t>(i) * a.block_table_stride;
+    for (int j = 0; j < num_partitions(len, bs); ++j)
+      if (bad_id(row[j])) {
+        clean = false;
+        break;
+      }
+  }
+  if (clean) {
+    run(a);
+    return;
+  }
+  std::vector<int32_t> lens(a.seq_lens, a.seq_lens + a.num_seqs);
+  std::vector<int32_t> table(a.block_tables,
+                             a.block_tables + static_cast<std::size_t>(a.num_seqs) * a.block_table_stride);
+  int first_bad = 0;
+  for (int i = 0; i < a.num_seqs; ++i) {
+    lens[i] = std::clamp(lens[i], 0, a.max_seq_len);
+    int32_t* row = table.data() + static_cast<std::size_t>(i) * a.block_table_stride;
+    for (int j = 0; j < num_partitions(lens[i], bs); ++j) {
+      if (!bad_id(row[j])) continue;
+      if (first_bad == 0) {
+        const int64_t flat = static_cast<int64_t>(i) * a.block_table_stride + j + 1;
+        first_bad = flat < INT_MAX ? static_cast<int>(flat) : INT_MAX;
+      }
+      row[j] = row[j] < 0 ? 0 : a.num_blocks - 1;
+    }
+  }
+  if (first_bad != 0 && a.bad_block != nullptr && *a.bad_block == 0) *a.bad_block = first_bad;
+  DecodeArgs b = a;
+  b.seq_lens = lens.data();
+  b.block_tables = table.data();
+  run(b);
+}
 
 class HostGraph final : public BackendGraph {
  public:
@@ -82,6 +143,11 @@ class HostBackend final : public Backend {
   }
   void wait_staging_reusable() override {}
   void staging_done() override {}
+  AddressRange address_range(const void*) const override { return {}; }
+
+  void begin_step(std::optional<Stream>) override {}
+  void end_step() noexcept override {}
+  void wait_last_step() override {}
 
   void begin_capture() override {
     if (capturing_) throw Error("host capture begin (twin of cudaStreamBeginCapture) failed: a capture is already active");
@@ -90,24 +156,32 @@ class HostBackend final : public Backend {
     recorded_.clear();
     capturing_ = true;
   }
-  std::unique_ptr<BackendGraph> end_capture_and_instantiate() override {
-    std::vector<Node> nodes = end_capture();
+  std::unique_ptr<CapturedGraph> end_capture() override {
+    if (!capturing_) throw Error("host capture end (twin of cudaStreamEndCapture) failed: no capture is active");
+    capturing_ = false;
+    std::vector<Node> nodes = std::move(recorded_);
+    recorded_.clear();
+    if (fault::should_fail(fault::Site::kCaptureEnd))
+      injected("host capture end (twin of cudaStreamEndCapture)", fault::Site::kCaptureEnd);
+    return std::make_unique<HostCaptured>(std::move(nodes));
+  }
+  std::unique_ptr<BackendGraph> instantiate(CapturedGraph& captured) override {
     if (fault::should_fail(fault::Site::kInstantiate))
       injected("host instantiate (twin of cudaGraphInstantiate)", fault::Site::kInstantiate);
-    return std::make_unique<HostGraph>(std::move(nodes));
+    return std::make_unique<HostGraph>(std::move(static_cast<HostCaptured&>(captured).nodes));
+  }
+  bool update(BackendGraph& exec, CapturedGraph& captured) override {
+    // An update that fails falls back to re-instantiation, as on CUDA; for host graphs both amount
+    // to swapping the node list, so only the instantiate fault can make this throw.
+    const bool refused = fault::should_fail(fault::Site::kGraphUpdate);
+    if (refused && fault::should_fail(fault::Site::kInstantiate))
+      injected("host instantiate (twin of cudaGraphInstantiate, after a failed update)", fault::Site::kInstantiate);
+    static_cast<HostGraph&>(exec).replace(std::move(static_cast<HostCaptured&>(captured).nodes));
+    return !refused;
   }
   void abort_capture() noexcept override {
     capturing_ = false;
     recorded_.clear();
-  }
-  void end_capture_and_update(BackendGraph& exec) override {
-    std::vector<Node> nodes = end_capture();
-    // An update that fails falls back to re-instantiation, as on CUDA; for host graphs both amount
-    // to swapping the node list, so only the instantiate fault can make this throw.
-    if (fault::should_fail(fault::Site::kGraphUpdate) &&
-        fault::should_fail(fault::Site::kInstantiate))
-      injected("host instantiate (twin of cudaGraphInstantiate, after a failed update)", fault::Site::kInstantiate);
-    static_cast<HostGraph&>(exec).replace(std::move(nodes));
   }
   void launch(BackendGraph& g) override {
     if (capturing_) throw Error("host graph launch (twin of cudaGraphLaunch) failed: called during a capture");
@@ -126,20 +200,36 @@ class HostBackend final : public Backend {
   void attention_v1(const DecodeArgs& args) override {
     enqueue([args] {
       check_kernel("host::paged_attention_v1");
-      host::paged_attention_v1(args);
+      run_with_device_semantics(args, [](const DecodeArgs& a) { host::paged_attention_v1(a); });
     });
   }
   void attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
                     std::size_t workspace_bytes) override {
     enqueue([args, partition_size, workspace, workspace_bytes] {
       check_kernel("host::paged_attention_v2");
-      host::paged_attention_v2(args, partition_size, workspace, workspace_bytes);
+      run_with_device_semantics(args, [&](const DecodeArgs& a) {
+        host::paged_attention_v2(a, partition_size, workspace, workspace_bytes);
+      });
     });
+  }
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
+    if (fault::should_fail(fault::Site::kMemcpy)) injected("host memcpy (twin of cudaMemcpyAsync)", fault::Site::kMemcpy);
+    enqueue([host_dst, src, bytes] { std::memcpy(host_dst, src, bytes); });
   }
   void append(const AppendArgs& args) override {
     enqueue([args] {
       check_kernel("host::append_kv");
-      host::append_kv(args);
+      const int64_t cap = static_cast<int64_t>(args.num_blocks) * args.spec.block_size;
+      if (std::none_of(args.slot_mapping, args.slot_mapping + args.num_tokens, [&](int64_t s) { return s >= cap; })) {
+        host::append_kv(args);
+        return;
+      }
+      std::vector<int64_t> slots(args.slot_mapping, args.slot_mapping + args.num_tokens);
+      for (int64_t& s : slots)
+        if (s >= cap) s = -1;  // skipped, as the kernel skips it
+      AppendArgs a = args;
+      a.slot_mapping = slots.data();
+      host::append_kv(a);
     });
   }
   void host_work(std::function<void()> fn) override {
@@ -159,15 +249,6 @@ class HostBackend final : public Backend {
     if (!p) throw OutOfMemory(std::string(call) + " of " + std::to_string(bytes) + " bytes failed: out of memory");
     std::memset(p, 0, n);
     return p;
-  }
-  std::vector<Node> end_capture() {
-    if (!capturing_) throw Error("host capture end (twin of cudaStreamEndCapture) failed: no capture is active");
-    capturing_ = false;
-    std::vector<Node> nodes = std::move(recorded_);
-    recorded_.clear();
-    if (fault::should_fail(fault::Site::kCaptureEnd))
-      injected("host capture end (twin of cudaStreamEndCapture)", fault::Site::kCaptureEnd);
-    return nodes;
   }
   // Outside a capture an op runs at once (eager); inside, it is recorded.
   void enqueue(Node n) {

@@ -202,6 +202,54 @@ ExecutorConfig resolve_planning(ExecutorConfig c) {
   return c;
 }
 
+std::size_t cache_bytes_needed(const ExecutorConfig& c) {
+  return static_cast<std::size_t>(c.num_blocks) * c.spec.block_elems() * dtype_size(c.spec.dtype);
+}
+
+void check_layer_buffers(const std::vector<LayerBuffers>& layers, const ExecutorConfig& c) {
+  require(static_cast<int>(layers.size()) == c.num_layers, "layers.size()", layers.size(),
+          "num_layers = " + std::to_string(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "layers[" + std::to_string(l) + "]";
+    require(layers[l].k_cache != nullptr, p + ".k_cache", "null", "a KV cache pointer");
+    require(layers[l].v_cache != nullptr, p + ".v_cache", "null", "a KV cache pointer");
+  }
+  if (c.num_blocks < 1) return;  // reported by the caller's own check, with its message
+  const std::size_t esize = dtype_size(c.spec.dtype);
+  const int64_t per_chunk = static_cast<int64_t>(16 / esize);
+  const int64_t q_row = static_cast<int64_t>(c.spec.num_q_heads) * c.spec.head_size;
+  const int64_t kv_row = static_cast<int64_t>(c.spec.num_kv_heads) * c.spec.head_size;
+  const std::size_t need = cache_bytes_needed(c);
+  const std::string need_text = "at least num_blocks x block bytes = " + std::to_string(c.num_blocks) + " x " +
+                                std::to_string(c.spec.block_elems() * esize) + " = " + std::to_string(need) +
+                                " bytes";
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerBuffers& lb = layers[l];
+    const std::string p = "layers[" + std::to_string(l) + "]";
+    // The kernels move rows in 16-byte chunks; executor-owned buffers are contiguous.
+    auto stride = [&](int64_t s, const void* ptr, const char* name, int64_t row) {
+      if (s == 0) return;
+      const std::string param = p + "." + name + "_stride";
+      if (ptr == nullptr)
+        throw_invalid(param, s, std::string("0 while ") + p + "." + name +
+                                    " is null (the executor owns that buffer, and it is contiguous)");
+      require(s >= row && s % per_chunk == 0, param, s,
+              "0 (contiguous) or a multiple of " + std::to_string(per_chunk) + " elements (16 bytes) that is >= " +
+                  std::to_string(row) + " (one row)");
+    };
+    stride(lb.q_stride, lb.q, "q", q_row);
+    stride(lb.out_stride, lb.out, "out", q_row);
+    stride(lb.new_key_stride, lb.new_key, "new_key", kv_row);
+    stride(lb.new_value_stride, lb.new_value, "new_value", kv_row);
+    auto size = [&](std::size_t bytes, const char* name) {
+      if (bytes != 0 && bytes < need)
+        throw_invalid(p + "." + name, std::to_string(bytes) + " bytes (" + p + "." + name + "_bytes)", need_text);
+    };
+    size(lb.k_cache_bytes, "k_cache");
+    size(lb.v_cache_bytes, "v_cache");
+  }
+}
+
 ExecutorConfig resolve_config(ExecutorConfig c, const std::function<DeviceModel(const AttentionSpec&)>& device) {
   validate_spec(c.spec);
   require(c.num_layers >= 1, "num_layers", c.num_layers, ">= 1");
@@ -215,6 +263,7 @@ ExecutorConfig resolve_config(ExecutorConfig c, const std::function<DeviceModel(
   require(c.max_batch >= 1, "max_batch", c.max_batch, ">= 1");
   require(c.max_seq_len >= 1, "max_seq_len", c.max_seq_len, ">= 1");
   require(c.num_blocks >= 1, "num_blocks", c.num_blocks, ">= 1");
+  check_layer_buffers(c.layers, c);
   const int need_blocks = (c.max_seq_len + c.spec.block_size - 1) / c.spec.block_size;
   if (c.max_blocks_per_seq == 0) c.max_blocks_per_seq = need_blocks;
   require(c.max_blocks_per_seq >= need_blocks, "max_blocks_per_seq", c.max_blocks_per_seq,

@@ -22,6 +22,14 @@ ExecutorConfig resolve_planning(ExecutorConfig config);
 ExecutorConfig resolve_config(ExecutorConfig config,
                               const std::function<DeviceModel(const AttentionSpec&)>& device);
 
+/// Bytes one layer's K (or V) cache needs: num_blocks blocks of the spec.
+std::size_t cache_bytes_needed(const ExecutorConfig& resolved);
+
+/// The host-side checks of per-layer buffers (ExecutorConfig::layers, Executor::rebind_layers):
+/// count, caches present, row strides (0, or >= a row and a multiple of 16 bytes, only for caller
+/// buffers) and cache sizes where given. Throws InvalidArgument naming layers[l].<field>.
+void check_layer_buffers(const std::vector<LayerBuffers>& layers, const ExecutorConfig& resolved);
+
 /// Plans for every (batch bucket, band), bucket-major: index = bucket * bands + band. Graph ids are
 /// assigned (identical launches share one, numbered in bucket-major order of first use), except
 /// under kMeasured, where they stay -1 until the bucket is measured.

@@ -1,8 +1,11 @@
 // libFuzzer target (b): the host backend's step, and the eager host V1/V2 calls, on small shapes.
-// The input picks a valid small spec and executor config, then up to four steps whose inputs are
-// mostly valid (random lengths, block tables shared between sequences, slots, batch sizes) with the
-// occasional bad value. Each step must either throw decodegraph::Error or produce outputs that match
-// the float64 reference; the eager host V1 and V2 on the same inputs must match it too.
+// The input picks a valid small spec and executor config (kFull or kCheap), then up to four steps
+// whose inputs are mostly valid (random lengths, block tables shared between sequences, the slot of
+// each last position or a skip, batch sizes, sometimes a max_seq_len hint, sometimes written into
+// host_staging()) with the occasional bad value. Each step must either throw decodegraph::Error or
+// produce outputs that match the float64 reference; the eager host V1 and V2 on the same inputs must
+// match it too. Under kCheap a bad block id runs, clamped as the kernels clamp it (the reference
+// over the clamped table is the oracle), and check_errors() must then report it.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -57,7 +60,8 @@ void run(FuzzedDataProvider& fdp) {
   c.measure_replays = 1;
   c.capture = fdp.ConsumeBool() ? CapturePolicy::kLazy : CapturePolicy::kUpFront;
   c.backend = BackendKind::kHost;
-  c.validation = ValidationLevel::kFull;
+  const bool cheap = fdp.ConsumeBool();
+  c.validation = cheap ? ValidationLevel::kCheap : ValidationLevel::kFull;
   c.append_kv = fdp.ConsumeBool();
   c.log_level = "off";
   const bool alibi = fdp.ConsumeBool();
@@ -96,13 +100,23 @@ void run(FuzzedDataProvider& fdp) {
     std::vector<int64_t> slots(rows);
     for (auto& len : lens) len = fdp.ConsumeIntegralInRange(1, c.max_seq_len);
     for (auto& id : tables) id = fdp.ConsumeIntegralInRange(0, c.num_blocks - 1);
-    for (auto& slot : slots) slot = fdp.ConsumeIntegralInRange<int64_t>(-1, int64_t{c.num_blocks} * bs - 1);
+    for (int i = 0; i < rows; ++i) {  // the slot of position seq_len - 1, or a skip
+      const int pos = lens[i] - 1;
+      slots[i] = fdp.ConsumeIntegralInRange(0, 7) == 0
+                     ? -1
+                     : int64_t{tables[static_cast<std::size_t>(i) * stride + pos / bs]} * bs + pos % bs;
+    }
+    bool bad_id = false;
     if (bad && rows > 0) {  // one out-of-range value somewhere
       const int i = fdp.ConsumeIntegralInRange(0, rows - 1);
-      switch (fdp.ConsumeIntegralInRange(0, 3)) {
+      switch (fdp.ConsumeIntegralInRange(0, 4)) {
         case 0: lens[i] = fdp.ConsumeBool() ? 0 : c.max_seq_len + 1; break;
-        case 1: tables[static_cast<std::size_t>(i) * stride] = fdp.ConsumeBool() ? -1 : c.num_blocks; break;
+        case 1:
+          tables[static_cast<std::size_t>(i) * stride] = fdp.ConsumeBool() ? -1 : c.num_blocks;
+          bad_id = true;
+          break;
         case 2: slots[i] = int64_t{c.num_blocks} * bs; break;
+        case 3: if (slots[i] >= 0) slots[i] += lens[i] % bs == 0 ? -1 : 1; break;  // a neighbouring position
         default: break;
       }
     }
@@ -117,14 +131,47 @@ void run(FuzzedDataProvider& fdp) {
     in.block_tables = tables.data();
     in.block_table_stride = stride;
     in.slot_mapping = slots.data();
+    const int longest = rows > 0 ? *std::max_element(lens.begin(), lens.end()) : 0;
+    bool bad_hint = false;
+    switch (fdp.ConsumeIntegralInRange(0, 3)) {
+      case 1:  // a hint at or above every length
+        in.max_seq_len = std::min(c.max_seq_len, longest + fdp.ConsumeIntegralInRange(0, 64));
+        break;
+      case 2:  // a hint below a length: host lengths are always checked against it
+        in.max_seq_len = longest - 1;
+        bad_hint = longest > 1;
+        break;
+      default: break;
+    }
+    if (rows > 0 && rows <= c.max_batch && fdp.ConsumeBool()) {  // written into the staging buffers
+      const HostStaging h = ex->host_staging();
+      std::copy(lens.begin(), lens.end(), h.seq_lens.begin());
+      std::copy(tables.begin(), tables.end(), h.block_tables.begin());
+      std::copy(slots.begin(), slots.end(), h.slot_mapping.begin());
+      in.seq_lens = h.seq_lens.data();
+      in.block_tables = h.block_tables.data();
+      in.slot_mapping = h.slot_mapping.data();
+    }
     try {
       ex->step(in);
     } catch (const Error&) {
       continue;
     }
+    check(!bad_hint, "a max_seq_len hint below a host length was accepted", in.max_seq_len, longest);
+    check(!bad_id || cheap, "kFull accepted a bad block id");
     // Shared blocks: a later sequence's append may overwrite what an earlier one appended, so only
-    // the attention is checked here, against the cache as it is now.
-    const int longest = *std::max_element(lens.begin(), lens.end());
+    // the attention is checked here, against the cache as it is now. Under kCheap a bad id reads a
+    // block clamped into [0, num_blocks), so the oracle is the reference over the clamped table.
+    if (bad_id) {
+      for (auto& id : tables) id = std::clamp(id, 0, c.num_blocks - 1);
+      bool reported = false;
+      try {
+        ex->check_errors();
+      } catch (const InvalidArgument&) {
+        reported = true;
+      }
+      check(reported, "kCheap: a bad block id was not reported by check_errors()");
+    }
     for (int l = 0; l < c.num_layers; ++l) {
       DecodeArgs a;
       a.spec = c.spec;

@@ -1,7 +1,7 @@
 // libFuzzer target (a): configuration checks, planning and step-input validation.
 // The input picks an ExecutorConfig (spec, batch buckets, band edges, threshold, partition size,
 // kernel policy, device model, budget, ... valid or not) and up to three steps of random num_seqs,
-// lengths, block tables and slots.
+// lengths, block tables, slots and max_seq_len hints.
 // Every input must either succeed or throw decodegraph::Error; a successful construction must yield
 // plans that keep their invariants, a successful step a result consistent with its inputs.
 // Sizes are capped so each input runs in milliseconds; the step's work is skipped past a small bound.
@@ -175,6 +175,7 @@ void run(FuzzedDataProvider& fdp) {
     in.block_tables = tables.data();
     in.block_table_stride = stride;
     in.slot_mapping = fdp.ConsumeIntegralInRange(0, 15) == 0 ? nullptr : slots.data();
+    if (fdp.ConsumeIntegralInRange(0, 3) == 0) in.max_seq_len = fdp.ConsumeIntegralInRange(-2, rc.max_seq_len + 2);
     const ExecutorStats before = ex->stats();
     try {
       const StepResult r = ex->step(in);
@@ -182,6 +183,9 @@ void run(FuzzedDataProvider& fdp) {
       check(n >= 1 && n <= rc.max_batch, "accepted num_seqs", n);
       check(r.bucket_batch_size >= n, "bucket smaller than the batch", r.bucket_batch_size, n);
       check(r.band_hi >= longest, "band shorter than the longest sequence", r.band_hi, longest);
+      check(r.band_hi >= in.max_seq_len, "band shorter than the max_seq_len hint", r.band_hi, in.max_seq_len);
+      check(in.max_seq_len == 0 || longest <= in.max_seq_len, "a hint below a host length was accepted",
+            in.max_seq_len, longest);
       check(r.kernel == KernelKind::kV2 || r.band_hi <= rc.v2_threshold, "V1 step above the threshold", r.band_hi);
       const BucketPlan& p = ex->plan_for(r);
       check(p.batch == r.bucket_batch_size && p.kernel == r.kernel && p.graph_id == r.graph_id && p.graph_id >= 0,

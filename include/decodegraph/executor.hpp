@@ -8,14 +8,28 @@
 //   Executor ex(config);                    // plans every bucket, allocates static buffers
 //   for each token step:
 //     write q (and new K/V) into ex.query(l) / ex.new_key(l) / ex.new_value(l), or fixed buffers
-//     StepResult r = ex.step(inputs);       // validate, bucket, stage, replay (capture if lazy)
-//     read ex.output(l)
+//     StepResult r = ex.step(inputs, s);    // validate, bucket, stage, replay on stream s
+//     read ex.output(l) (in stream order on s)
 //
-// Stream ordering (CUDA backend): step() enqueues staging and the graph on ex.stream(), a
-// non-blocking stream, and returns without waiting. Make your writes of q / new K/V / device inputs
-// visible before step() (enqueue them on ex.stream(), or synchronise), and synchronise ex.stream()
-// (or make your stream wait on it) before reading outputs. Layers share one V2 workspace: a step
-// body must not run two layers' attention concurrently on forked streams.
+// Stream ordering (CUDA backend; docs/executor.md says the same at more length):
+//  - step(inputs, s) enqueues this step's staging copies and its graph on s, in that order, and
+//    returns without waiting. Work you enqueued on s before the call (q, new K/V, device-resident
+//    inputs) is seen; work you enqueue on s after it sees the outputs and the appended KV. No event
+//    edges are needed. s = nullptr is the legacy default stream, a real stream like any other.
+//  - step(inputs), with no stream, runs on ex.stream(), a non-blocking stream the executor owns:
+//    make your writes visible before the call (enqueue them on ex.stream(), or synchronise) and make
+//    your stream wait on ex.stream() (or synchronise it) before reading outputs.
+//  - Consecutive steps may use different streams. The executor orders each step after the previous
+//    one whenever the stream changes (an event wait), so the static buffers every step shares
+//    (staged inputs, V2 workspace, owned q/out, the bad-block flag) are never written while a
+//    previous step still reads them. Your own work on the old stream after its step (reading the
+//    outputs, say) is yours to order before the next step. Reusing the pinned staging buffers waits
+//    on an event, whichever stream the previous step used; kMeasured times on the step's stream.
+//  - Graphs do not depend on the stream: they are captured on ex.stream() (the legacy default
+//    stream cannot be captured), so StepContext::stream() is ex.stream() during a capture.
+//  - Host backend: the stream is accepted and ignored (every step runs synchronously in step()).
+// Layers share one V2 workspace: a step body must not run two layers' attention concurrently on
+// forked streams.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,8 +48,14 @@ namespace decodegraph {
 
 enum class BackendKind : int { kAuto = 0, kCuda = 1, kHost = 2 };
 enum class CapturePolicy : int { kUpFront = 0, kLazy = 1 };
-/// kCheap: counts, lengths and table width. kFull: also every block id against num_blocks and
-/// every slot against the cache size.
+/// What step() checks on the host (docs/bad-input.md has the full table).
+///  kCheap: counts, pointers, lengths (host inputs, or device inputs without a max_seq_len hint) and
+///          the table width. Block ids are not read on the host: the kernels clamp a bad id into
+///          [0, num_blocks) and report it through a flag that the next step() or check_errors()
+///          turns into an InvalidArgument.
+///  kFull:  also every block id a length uses against num_blocks, every slot against the cache size
+///          and against the position seq_len - 1 of its sequence, and every length against the
+///          max_seq_len hint (device inputs are copied to the host for this, synchronously).
 enum class ValidationLevel : int { kCheap = 0, kFull = 1 };
 /// Where step inputs (seq_lens, block tables, slot mapping) live.
 enum class MemorySpace : int { kHost = 0, kDevice = 1 };
@@ -135,14 +156,31 @@ std::string describe_reason(const BucketPlan& plan);
 
 /// Per-layer buffers. KV caches are required. q/out/new K/V are optional: where null the executor
 /// owns a buffer (exposed by query()/output()/new_key()/new_value()); where set, the address is fixed
-/// into the graphs at capture, so it must stay valid for the executor's lifetime.
+/// into the graphs at capture, so it must stay valid until the executor is destroyed or the layers
+/// are rebound (Executor::rebind_layers).
 struct LayerBuffers {
-  void* k_cache = nullptr;
+  void* k_cache = nullptr;    // [num_blocks, ...] in spec.layout (attention.hpp)
   void* v_cache = nullptr;
-  void* q = nullptr;          // [max_batch, num_q_heads, head_size]
-  void* out = nullptr;        // [max_batch, num_q_heads, head_size]
-  void* new_key = nullptr;    // [max_batch, num_kv_heads, head_size]
-  void* new_value = nullptr;  // [max_batch, num_kv_heads, head_size]
+  void* q = nullptr;          // [max_batch rows, num_q_heads * head_size], rows q_stride apart
+  void* out = nullptr;        // [max_batch rows, num_q_heads * head_size], rows out_stride apart
+  void* new_key = nullptr;    // [max_batch rows, num_kv_heads * head_size], rows new_key_stride apart
+  void* new_value = nullptr;  // [max_batch rows, num_kv_heads * head_size], rows new_value_stride apart
+  /// Elements between consecutive rows (sequences) of q / out / new_key / new_value; 0 = contiguous.
+  /// Otherwise at least one row and a multiple of 16 bytes. Only for caller buffers: executor-owned
+  /// ones are contiguous, so a stride with a null pointer is rejected. A fused QKV buffer
+  /// [max_batch, (num_q_heads + 2 * num_kv_heads) * head_size] is q = base, new_key = base +
+  /// num_q_heads * head_size, new_value = new_key + num_kv_heads * head_size, all three strides
+  /// (num_q_heads + 2 * num_kv_heads) * head_size.
+  int64_t q_stride = 0;
+  int64_t out_stride = 0;
+  int64_t new_key_stride = 0;
+  int64_t new_value_stride = 0;
+  /// Optional: bytes from k_cache / v_cache to the end of their allocation (0 = not given). When
+  /// given, each must hold num_blocks blocks (num_blocks * block_elems() * dtype size), else the
+  /// executor rejects the layer. The CUDA backend also asks the driver for the allocation's range
+  /// and checks that, given or not; the host backend can only check what is given here.
+  std::size_t k_cache_bytes = 0;
+  std::size_t v_cache_bytes = 0;
 };
 
 struct ExecutorConfig {
@@ -197,11 +235,39 @@ struct ExecutorConfig {
 
 struct StepInputs {
   int num_seqs = 0;
-  const int32_t* seq_lens = nullptr;      // [num_seqs]
-  const int32_t* block_tables = nullptr;  // [num_seqs, block_table_stride]
-  int block_table_stride = 0;             // entries per row, <= max_blocks_per_seq... or wider
-  const int64_t* slot_mapping = nullptr;  // [num_seqs]; required when KV append runs
+  /// [num_seqs] tokens of each sequence INCLUDING the token appended this step (its new K/V):
+  /// 1..max_seq_len. Attention covers positions 0 .. seq_len - 1.
+  const int32_t* seq_lens = nullptr;
+  const int32_t* block_tables = nullptr;  // [num_seqs, block_table_stride] block ids
+  /// Entries per row; at least ceil(longest seq_len / block_size), may be wider than
+  /// max_blocks_per_seq (only the columns the longest sequence uses are staged).
+  int block_table_stride = 0;
+  /// [num_seqs] where each sequence's new K/V goes: the slot of position seq_len - 1,
+  /// block_tables[i][(seq_len - 1) / block_size] * block_size + (seq_len - 1) % block_size, or a
+  /// negative value to skip the append. Required when KV append runs. kFull checks the position.
+  const int64_t* slot_mapping = nullptr;
   MemorySpace space = MemorySpace::kHost;
+  /// Optional upper bound on every seq_len of this step (0 = none). The band, and the block-table
+  /// columns staged, come from it instead of from the lengths.
+  ///  - Device inputs: with a hint step() reads nothing back (no host synchronisation). Without one
+  ///    it copies seq_lens to the host synchronously on the step's stream, which also waits for all
+  ///    work queued there before, including the previous step's graph.
+  ///  - A hint below a real length is the caller's bug that kCheap cannot see for device inputs:
+  ///    the kernels clamp each length to the band's upper edge and read table columns past the hint
+  ///    that were not staged this step, so that sequence's output is wrong (never out of bounds).
+  ///    kFull (which copies and checks everything) and host inputs reject it.
+  ///  - A hint above the longest length is valid; it may select a longer band than needed.
+  int max_seq_len = 0;
+};
+
+/// The executor's pinned host staging buffers (Executor::host_staging()). Writing a step's inputs
+/// here and pointing StepInputs at them (space kHost, block_table_stride = this block_table_stride)
+/// lets step() DMA them as they are, skipping the copy into the staging buffers.
+struct HostStaging {
+  std::span<int32_t> seq_lens;      // [max_batch]
+  std::span<int32_t> block_tables;  // [max_batch, block_table_stride]
+  int block_table_stride = 0;       // = config().max_blocks_per_seq
+  std::span<int64_t> slot_mapping;  // [max_batch]
 };
 
 struct StepResult {
@@ -221,12 +287,13 @@ class Executor;
 /// Given to the step body while a bucket is captured. What it enqueues becomes the bucket's graph.
 class StepContext {
  public:
-  /// The stream being captured (CUDA backend). Launch your own kernels on it.
+  /// The stream being captured (CUDA backend): the executor's own stream, whichever stream steps
+  /// later replay the graph on. Launch your own kernels on it.
   Stream stream() const;
   BackendKind backend() const;
-  /// The plan of the graph being captured. The body runs once per distinct graph, and buckets whose
-  /// launches are identical share it: its kernel, batch, partitions, grids, workspace and launch_len
-  /// hold for every bucket that replays it; band, band_lo and band_hi span those buckets (the lowest
+  /// The plan of the graph being captured. The body runs once per distinct graph (and once more per
+  /// captured graph at each rebind_layers), and buckets whose launches are identical share it: its
+  /// kernel, batch, partitions, grids, workspace and launch_len hold for every bucket that replays it; band, band_lo and band_hi span those buckets (the lowest
   /// band, the lowest band_lo, the highest band_hi; under kMeasured, those decided so far). Size
   /// per-step work of your own by batch and launch_len, which bound every step the graph will replay.
   const BucketPlan& plan() const;
@@ -234,8 +301,9 @@ class StepContext {
   void append_kv(int layer);
   /// Attention for layer l on its q/out buffers.
   void attention(int layer);
-  /// Attention for layer l on caller buffers fixed into the graph.
-  void attention(int layer, const void* q, void* out);
+  /// Attention for layer l on caller buffers fixed into the graph (row strides in elements, 0 =
+  /// contiguous; see LayerBuffers).
+  void attention(int layer, const void* q, void* out, int64_t q_stride = 0, int64_t out_stride = 0);
   /// Records host work into the graph (host backend only; rejected on CUDA, use stream()).
   void enqueue_host(std::function<void()> fn);
   /// Staged device (or host-backend) copies: seq_lens [batch], block_tables, slot_mapping.
@@ -263,7 +331,9 @@ struct GraphStats {
   int buckets = 0;    // buckets that replay it
   KernelKind kernel = KernelKind::kV1;
   int partition_size = 0;
-  int captures = 0;
+  int captures = 0;          // captured and instantiated anew
+  int updates = 0;           // re-captured by rebind_layers and updated in place (cudaGraphExecUpdate)
+  int reinstantiations = 0;  // re-captured by rebind_layers and instantiated again (update refused)
   long long replays = 0;
   int nodes = 0;
   double capture_ms = 0;
@@ -285,11 +355,21 @@ struct ExecutorStats {
   double measure_ms = 0;      // kMeasured: capturing, replaying and timing candidates
   int measured_buckets = 0;
   int candidate_graphs = 0;   // candidate graphs captured and timed
+  int rebinds = 0;                 // successful rebind_layers calls
+  int graph_updates = 0;           // graphs rebind_layers updated in place
+  int graph_reinstantiations = 0;  // graphs rebind_layers re-instantiated (the update was refused)
+  /// Synchronous device-to-host copies of device-resident inputs (validation without a
+  /// max_seq_len hint, or kFull). 0 on a sync-free device-input loop.
+  long long input_downloads = 0;
+  /// Bytes step() copied into the host staging buffers; inputs already written into host_staging()
+  /// are not copied. The DMA to the device is not counted.
+  long long staging_copy_bytes = 0;
+  long long bad_block_reports = 0;  // invalid block ids reported (each one InvalidArgument)
   long long replays(KernelKind kind) const;
 };
 
 struct MemoryReport {
-  std::size_t static_buffers = 0;  // staged inputs, owned q/out/new K/V, alibi
+  std::size_t static_buffers = 0;  // staged inputs, owned q/out/new K/V, alibi, the bad-block flag
   std::size_t workspace = 0;       // V2 partials (largest plan)
   std::size_t graphs = 0;          // graph memory reported by the driver (0 on host)
   std::size_t total() const { return static_buffers + workspace + graphs; }
@@ -304,9 +384,36 @@ class Executor {
   Executor(Executor&&) noexcept;
   Executor& operator=(Executor&&) noexcept;
 
-  /// Validates, buckets, stages and replays one decode step. Throws Error on bad input and leaves the
-  /// executor unchanged.
+  /// Validates, buckets, stages and replays one decode step on the executor's own stream
+  /// (stream()). Throws InvalidArgument on bad input and leaves the executor unchanged. Also throws
+  /// InvalidArgument, once, when an earlier step read an invalid block id (see check_errors()); the
+  /// step then runs nothing, and the next call proceeds.
   StepResult step(const StepInputs& inputs);
+  /// The same on the caller's stream: staging and replay are enqueued on `stream` (nullptr is the
+  /// legacy default stream), ordered after earlier work there and before later work (see the top of
+  /// this file). Host backend: `stream` is ignored.
+  StepResult step(const StepInputs& inputs, Stream stream);
+  /// The pinned host staging buffers, once the previous step's copies have read them (CUDA: an
+  /// event wait). Write the next step's inputs there and pass StepInputs pointing at them: step()
+  /// then skips its copy into them. Their contents are the caller's until the next step().
+  HostStaging host_staging();
+  /// Points the graphs at new KV caches and layer buffers with the same shapes (a reallocated cache
+  /// after a resize or sleep/wake, say): every captured graph is captured again (the step body runs
+  /// again) and updated in place (cudaGraphExecUpdate; re-instantiated only where the update is
+  /// refused, counted in stats()). Nothing is captured anew. `layers` follows ExecutorConfig::layers
+  /// (null q/out/new K/V: executor-owned buffers). Waits for the last step first; when it returns no
+  /// work of the executor reads the old buffers any more.
+  /// Throws InvalidArgument, changing nothing, for layers the constructor would reject. If a
+  /// re-capture fails (a step body throws, a CUDA error) nothing changes either. If an update and
+  /// its re-instantiation fail, the new layers stay in effect and that graph is dropped, to be
+  /// captured again when a step needs it.
+  void rebind_layers(std::vector<LayerBuffers> layers);
+  /// Waits for the last step to finish (a sync point; host: returns at once) and throws
+  /// InvalidArgument if any step since the last report read a block id outside [0, num_blocks)
+  /// (possible under kCheap, which leaves ids to the caller; the kernels clamp such an id, so the
+  /// outputs of that sequence were wrong). The message names the table entry. The report is then
+  /// cleared; the executor stays usable.
+  void check_errors();
   /// Captures every bucket now (what CapturePolicy::kUpFront does in the constructor).
   void capture_all();
 
@@ -324,7 +431,8 @@ class Executor {
   std::string plan_table() const;
   ExecutorStats stats() const;
   MemoryReport memory() const;
-  /// The stream steps run on (CUDA backend); nullptr on host.
+  /// The executor's own stream: steps given no stream run on it, and graphs are captured on it (CUDA
+  /// backend); nullptr on host.
   Stream stream() const;
 
   /// Layer buffers (device memory on CUDA, host memory on the host backend).

@@ -513,7 +513,7 @@ TEST(ExecutorHost, ReusingABucketNeverRecaptures) {
   ASSERT_EQ(st.graphs.size(), 1u);
   EXPECT_EQ(st.graphs[0].captures, 1);
   EXPECT_EQ(st.graphs[0].replays, 6);
-  EXPECT_EQ(st.graphs[0].nodes, 4);  // append + attention per layer
+  EXPECT_EQ(st.graphs[0].nodes, 5);  // append + attention per layer, then the bad-block flag's copy
 }
 
 // ---------------------------------------------------------------- recovery
@@ -698,8 +698,12 @@ TEST(ExecutorHost, HostBackendUpdateFallsBackToReinstantiation) {
     b->begin_capture();
     b->host_work([&] { ran.push_back(2); });
     b->host_work([&] { ran.push_back(3); });
-    b->end_capture_and_update(*g);
+    EXPECT_FALSE(b->end_capture_and_update(*g)) << "a refused update is reported as a re-instantiation";
   }
+  b->begin_capture();
+  b->host_work([&] { ran.push_back(2); });
+  b->host_work([&] { ran.push_back(3); });
+  EXPECT_TRUE(b->end_capture_and_update(*g)) << "an accepted update is in place";
   EXPECT_EQ(g->nodes(), 2);
   b->launch(*g);
   EXPECT_EQ(ran, (std::vector<int>{1, 2, 3}));
@@ -721,7 +725,7 @@ TEST(ExecutorHost, MemoryIsAccountedAndTheBudgetEnforced) {
   Executor ex(c);
   const MemoryReport m = ex.memory();
   const std::size_t qb = 8 * 4 * 64 * 2, kvb = 8 * 2 * 64 * 2;
-  const std::size_t staged = 8 * 4 + 8 * (4096 / 16) * 4 + 8 * 8;
+  const std::size_t staged = 8 * 4 + 8 * (4096 / 16) * 4 + 8 * 8 + 4;  // + the bad-block flag
   EXPECT_EQ(m.static_buffers, staged + 2 * (2 * qb + 2 * kvb));
   EXPECT_GT(m.workspace, 0u);
   EXPECT_EQ(m.graphs, 0u);

@@ -97,6 +97,23 @@ std::vector<ConfigCase> config_cases() {
       {"log_level_unknown", [](ExecutorConfig& c) { c.log_level = "loud"; }, {"log_level", "loud"}},
       {"memory_budget_too_small", [](ExecutorConfig& c) { c.memory_budget_bytes = 4096; },
        {"memory_budget_bytes", "4096"}},
+      {"stride_for_owned_buffer", [](ExecutorConfig& c) { c.layers[0].q_stride = 512; },
+       {"layers[0].q_stride", "512", "is null"}},
+      {"stride_below_a_row",
+       [](ExecutorConfig& c) {
+         c.layers[1].out = c.layers[1].k_cache;  // any caller buffer: rejected before it is used
+         c.layers[1].out_stride = 128;           // a row is 4 heads x 64
+       },
+       {"layers[1].out_stride", "128", "256 (one row)"}},
+      {"stride_not_16_bytes",
+       [](ExecutorConfig& c) {
+         c.layers[0].new_key = c.layers[0].v_cache;
+         c.layers[0].new_key_stride = 130;  // fp32: 4 elements per 16 bytes
+       },
+       {"layers[0].new_key_stride", "130", "multiple of 4 elements"}},
+      {"k_cache_smaller_than_the_spec",
+       [](ExecutorConfig& c) { c.layers[1].k_cache_bytes = 8192; },  // one block; 512 blocks need 4 MiB
+       {"layers[1].k_cache", "8192 bytes", "4194304 bytes"}},
   };
 }
 
@@ -162,6 +179,14 @@ std::vector<StepCase> step_cases() {
       {"slot_past_cache", [](Inputs& in, StepInputs&) { in.slots[3] = 512 * 16; }, {"slot", "8192"}},
       {"memory_space_out_of_range", [](Inputs&, StepInputs& s) { s.space = static_cast<MemorySpace>(4); },
        {"space", "4"}},
+      {"slot_of_position_seq_len",  // the off-by-one: lengths count the new token, slots do not
+       [](Inputs& in, StepInputs&) { in.slots[2] += in.seq_lens[2] % 16 == 0 ? -15 : 1; },
+       {"slot_mapping[2]", "seq_len - 1"}},
+      {"max_seq_len_hint_below_a_length",
+       [](Inputs& in, StepInputs& s) { s.max_seq_len = *std::max_element(in.seq_lens.begin(), in.seq_lens.end()) - 1; },
+       {"max_seq_len", ">= every seq_len"}},
+      {"max_seq_len_hint_above_max", [](Inputs&, StepInputs& s) { s.max_seq_len = 1025; },
+       {"max_seq_len", "1025"}},
   };
 }
 

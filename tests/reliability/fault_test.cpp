@@ -226,6 +226,68 @@ TEST_P(HostFault, DuringCaptureOfAStepBody) {
   EXPECT_GE(body_runs, 1);
 }
 
+// rebind_layers with the k-th call at `site` failing. Whatever fails, config().layers says which
+// caches are in effect (the old ones when a re-capture failed, the new ones once updates began), every
+// step after it matches the reference over exactly those, and no graph is captured again unless its
+// update failed. A refused update alone is no failure: the graph is re-instantiated.
+TEST_P(HostFault, DuringRebindLayers) {
+  Disarm guard;
+  const Site site = GetParam();
+  int failures = 0, fired_total = 0;
+  for (int skip = 0; skip < 100; ++skip) {
+    Rig rig(DType::kFloat32, KVLayout::kNHD, 2, 8, 1024, 500 + skip);
+    Executor ex(rig.cfg);
+    rig.fill_step_buffers(ex);
+    const std::pair<int, int> bands[] = {{1, 256}, {600, 1024}};  // a V1 graph and a V2 graph
+    for (auto [lo, hi] : bands) ASSERT_TRUE(ex.step(rig.random_inputs(3, lo, hi).view()).captured);
+    std::vector<std::vector<std::uint64_t>> nk, nv;
+    std::vector<LayerBuffers> layers(rig.cfg.num_layers);
+    for (int l = 0; l < rig.cfg.num_layers; ++l) {
+      nk.emplace_back(rig.k_caches[l].size());
+      nv.emplace_back(rig.v_caches[l].size());
+      dgtest::fill_uniform(rig.cfg.spec.dtype, nk.back().data(), rig.cache_elems(), rig.rng);
+      dgtest::fill_uniform(rig.cfg.spec.dtype, nv.back().data(), rig.cache_elems(), rig.rng);
+      layers[l].k_cache = nk.back().data();
+      layers[l].v_cache = nv.back().data();
+    }
+    fault::arm(site, skip, 1);
+    bool threw = false;
+    try {
+      ex.rebind_layers(layers);
+    } catch (const Error& e) {
+      threw = true;
+      EXPECT_NE(std::string(e.what()).find(fault::to_string(site)), std::string::npos) << e.what();
+    }
+    const int fired = fault::fired(site);
+    fault::disarm_all();
+    fired_total += fired;
+    if (site == Site::kGraphUpdate) {
+      EXPECT_FALSE(threw) << "a refused update falls back to re-instantiation";
+      EXPECT_EQ(ex.stats().graph_reinstantiations, fired);
+    } else {
+      EXPECT_EQ(threw, fired > 0) << "skip " << skip;
+    }
+    const bool moved = ex.config().layers[0].k_cache == nk[0].data();
+    if (!threw) EXPECT_TRUE(moved);
+    if (moved) {
+      std::swap(rig.k_caches, nk);  // the reference reads the caches in effect
+      std::swap(rig.v_caches, nv);
+    }
+    for (auto [lo, hi] : bands) {
+      const Inputs in = rig.random_inputs(3, lo, hi);
+      ex.step(in.view());
+      EXPECT_TRUE(rig.check_step(ex, in)) << fault::to_string(site) << " skip " << skip << (moved ? " (new caches)" : " (old caches)");
+    }
+    EXPECT_LE(ex.stats().total_captures, 2 + (threw && moved ? 2 : 0));
+    if (!threw) EXPECT_EQ(ex.stats().total_captures, 2) << "a graph was captured anew after a rebind";
+    if (fired == 0) break;
+    ++failures;
+  }
+  if (site == Site::kCaptureBegin || site == Site::kCaptureEnd || site == Site::kMemcpy || site == Site::kGraphUpdate)
+    EXPECT_GT(fired_total, 0) << fault::to_string(site) << " never reached by rebind_layers";
+  ::testing::Test::RecordProperty("rebind_failures", failures);
+}
+
 INSTANTIATE_TEST_SUITE_P(Sites, HostFault, ::testing::ValuesIn(kAllSites), site_name);
 
 // ---------------------------------------------------------------- the same on a GPU

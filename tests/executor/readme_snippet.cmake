@@ -1,0 +1,23 @@
+# Extracts the first ```cpp block after "## Using it" in README.md into OUT, so that
+# test_readme_snippet.cpp compiles (and runs) exactly what the README shows. Used at configure time;
+# README.md is a configure dependency, so editing the snippet re-extracts it.
+function(dg_extract_readme_snippet readme out)
+  file(READ "${readme}" text)
+  string(FIND "${text}" "## Using it" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "README.md has no '## Using it' section for test_readme_snippet.cpp")
+  endif()
+  string(SUBSTRING "${text}" ${at} -1 text)
+  string(FIND "${text}" "```cpp\n" open)
+  if(open EQUAL -1)
+    message(FATAL_ERROR "README.md's '## Using it' section has no ```cpp block")
+  endif()
+  math(EXPR open "${open} + 7")
+  string(SUBSTRING "${text}" ${open} -1 text)
+  string(FIND "${text}" "\n```" close)
+  math(EXPR close "${close} + 1")
+  string(SUBSTRING "${text}" 0 ${close} snippet)
+  file(WRITE "${out}.tmp" "// Generated from README.md (## Using it) by tests/executor/readme_snippet.cmake.\n${snippet}")
+  configure_file("${out}.tmp" "${out}" COPYONLY)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${readme}")
+endfunction()
