@@ -2,22 +2,25 @@
 //
 //   model    llama3-8b (32q/8kv), llama3-70b-tp8 (8q/1kv), mha (32q/32kv); head 128, block 16, bf16
 //   layers   1, 32 (each layer its own KV cache)
-//   batch    1, 8, 32, 128
+//   batch    1, 8, 32, 64, 128
 //   context  512, 1K, 2K, 4K, 8K, 8193, 16K, 32K, 64K, 128K (every sequence at this length)
-//   mode     eager_v1; eager_v2_p512, eager_v2_p1024, eager_v2_pauto (the executor's auto P);
+//   mode     eager_v1; eager_v2_p512, eager_v2_p1024; eager_plan (the executor's plan for this bucket,
+//            kernel and P, launched eagerly: the same launches the graph replays);
 //            graph (Executor::step, attention-only) and graph_callback (the same work enqueued by a
 //            step body through StepContext::attention)
 //   kernel   new (the library's pass 1) for every mode; legacy (the pass 1 before the cp.async
 //            rewrite, kernels/legacy/, bf16/fp16 at head 128) for the eager modes, so old and new
-//            run side by side in one process (e.g. --benchmark_filter=context:32768/.*eager_v2_pauto)
+//            run side by side in one process (e.g. --benchmark_filter=context:32768/.*eager_plan)
 //
 // One iteration = one decode step over all layers. Timing: the stream is idle at the start of each
 // iteration; CUDA events bracket the step (for the graph modes that includes step()'s host work and
 // staging, since the start event completes at once on an idle stream). Counters:
-//   us_per_step   median over iterations (Google Benchmark's own time column is the mean)
+//   us_per_step   median over iterations (Google Benchmark's own time column is the mean); us_p99
+//   kernel_v2, P  the kernel (0 = V1, 1 = V2) and partition size that ran
 //   bytes         docs/design.md's bytes model for the step (all layers)
 //   GBps          bytes / median
 //   pct_read_bw   GBps / the device read bandwidth measured by bench/bandwidth.cu in this process
+//   pct_copy_bw   GBps / the device-to-device copy bandwidth (read + write) measured in this process
 // Honest timing: warm-up steps first; the KV footprint of the working set is kept >= 256 MB (5x the
 // H200's 50 MB L2) by rotating each step through several copies of the block tables, each pointing at
 // its own blocks. Combos needing more than 100 GB are not registered.
@@ -29,6 +32,8 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <stdexcept>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,13 +49,13 @@ constexpr double kMaxBytes = 100e9;          // skip combos whose KV would not f
 constexpr double kMinFootprint = 256.0e6;    // >= 5x the H200's L2 per step cycle
 constexpr int kMaxRotations = 64;
 
-enum class Mode { kEagerV1, kEagerV2P512, kEagerV2P1024, kEagerV2Auto, kGraph, kGraphCallback };
+enum class Mode { kEagerV1, kEagerV2P512, kEagerV2P1024, kEagerPlan, kGraph, kGraphCallback };
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::kEagerV1: return "eager_v1";
     case Mode::kEagerV2P512: return "eager_v2_p512";
     case Mode::kEagerV2P1024: return "eager_v2_p1024";
-    case Mode::kEagerV2Auto: return "eager_v2_pauto";
+    case Mode::kEagerPlan: return "eager_plan";
     case Mode::kGraph: return "graph";
     case Mode::kGraphCallback: return "graph_callback";
   }
@@ -80,6 +85,13 @@ double read_bandwidth_gbs() {
   return gbs;
 }
 
+double copy_bandwidth_gbs() {
+  static double gbs = [] {
+    return dgbench::measure_copy_bandwidth(dgbench::default_bandwidth_buffer_bytes(), 10).median_gbs;
+  }();
+  return gbs;
+}
+
 // ---------------------------------------------------------------- the workload of one combo
 
 /// Caches, block tables and executors for one (model, layers, batch, context); shared by the modes,
@@ -89,7 +101,6 @@ struct Workload {
   dg::AttentionSpec spec;
   int width = 0;
   int num_blocks = 0;
-  int sms = 0;
   cudaStream_t stream = nullptr;
   std::vector<void*> device;  // every cudaMalloc, freed in the destructor
   std::vector<void*> k, v, q, out;
@@ -100,6 +111,7 @@ struct Workload {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   std::unique_ptr<dg::Executor> graph, callback;
+  std::optional<dg::BucketPlan> plan_;
 
   void* dmalloc(std::size_t bytes) {
     void* p = nullptr;
@@ -109,9 +121,6 @@ struct Workload {
   }
 
   explicit Workload(const Combo& c) : combo(c), spec(dgbench::spec_of(*c.model)) {
-    int dev = 0;
-    DGB_CUDA_CHECK(cudaGetDevice(&dev));
-    DGB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     DGB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int bs = spec.block_size;
     const int per_seq = (c.context + bs - 1) / bs;
@@ -147,8 +156,8 @@ struct Workload {
       d_tables.push_back(static_cast<int32_t*>(dmalloc(sizeof(int32_t) * tab)));
       DGB_CUDA_CHECK(cudaMemcpy(d_tables.back(), h, sizeof(int32_t) * tab, cudaMemcpyHostToDevice));
     }
-    for (int p : {512, 1024, auto_partition()})
-      workspace_bytes = std::max(workspace_bytes, dg::v2_workspace_size(spec, c.batch, c.context, p));
+    for (int p : {512, 1024, plan().partition_size})
+      if (p > 0) workspace_bytes = std::max(workspace_bytes, dg::v2_workspace_size(spec, c.batch, c.context, p));
     workspace = dmalloc(workspace_bytes);
     DGB_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
@@ -162,11 +171,15 @@ struct Workload {
     if (stream) cudaStreamDestroy(stream);
   }
 
-  /// The executor's auto partition size for this bucket (batch, band holding `context`).
-  int auto_partition() const {
-    const std::vector<int> edges = dg::default_band_edges(combo.context, 8192);
-    const int band_hi = *std::lower_bound(edges.begin(), edges.end(), combo.context);
-    return dg::auto_partition_size(spec, combo.batch, band_hi, sms);
+  /// The executor's plan for this bucket (batch, band holding `context`): what the graph modes
+  /// replay, and what eager_plan launches: the graph executor's own plan (this device's model).
+  const dg::BucketPlan& plan() {
+    if (!plan_) {
+      for (const dg::BucketPlan& p : executor(false).plans())
+        if (p.band_lo < combo.context && combo.context <= p.band_hi) plan_ = p;
+      if (!plan_) throw std::runtime_error("bench_attention: no plan holds context " + std::to_string(combo.context));
+    }
+    return *plan_;
   }
 
   dg::Executor& executor(bool with_callback) {
@@ -204,7 +217,7 @@ struct Workload {
 
   /// One decode step in `mode` using rotation r (eager modes: the legacy pass 1 when `legacy`);
   /// enqueues only (no synchronisation).
-  void step(Mode mode, int r, int auto_p, bool legacy) {
+  void step(Mode mode, int r, bool legacy) {
     if (mode == Mode::kGraph || mode == Mode::kGraphCallback) {
       dg::StepInputs in;
       in.num_seqs = combo.batch;
@@ -228,10 +241,12 @@ struct Workload {
       a.v_cache = v[l];
       a.block_tables = d_tables[r];
       a.seq_lens = d_lens;
-      const int p = mode == Mode::kEagerV2P512 ? 512 : mode == Mode::kEagerV2P1024 ? 1024 : auto_p;
-      if (mode == Mode::kEagerV1 && legacy)
+      const bool plan_v1 = mode == Mode::kEagerPlan && plan_->kernel == dg::KernelKind::kV1;
+      const int p = mode == Mode::kEagerV2P512 ? 512 : mode == Mode::kEagerV2P1024 ? 1024 : plan_->partition_size;
+      const bool v1 = mode == Mode::kEagerV1 || plan_v1;
+      if (v1 && legacy)
         dg::legacy::paged_attention_v1(a, stream);
-      else if (mode == Mode::kEagerV1)
+      else if (v1)
         dg::paged_attention_v1(a, stream);
       else if (legacy)
         dg::legacy::paged_attention_v2(a, p, workspace, workspace_bytes, stream);
@@ -278,19 +293,16 @@ void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode, bool legacy) 
     return;
   }
   Workload& w = *wp;
-  const int auto_p = w.auto_partition();
-  const int partition = mode == Mode::kEagerV2P512 ? 512
-                        : mode == Mode::kEagerV2P1024 ? 1024
-                        : mode == Mode::kEagerV2Auto ? auto_p : 0;
+  const dg::BucketPlan& plan = w.plan();  // the graph modes replay it; eager_plan launches it
   dg::KernelKind kernel = mode == Mode::kEagerV1 ? dg::KernelKind::kV1 : dg::KernelKind::kV2;
-  int plan_p = partition;
-  if (mode == Mode::kGraph || mode == Mode::kGraphCallback) {
-    const dg::Executor& ex = w.executor(mode == Mode::kGraphCallback);
-    for (const auto& p : ex.plans())
-      if (p.band_lo < c.context && c.context <= p.band_hi) kernel = p.kernel, plan_p = p.partition_size;
+  int plan_p = mode == Mode::kEagerV2P512 ? 512 : mode == Mode::kEagerV2P1024 ? 1024 : 0;
+  if (mode == Mode::kEagerPlan || mode == Mode::kGraph || mode == Mode::kGraphCallback) {
+    kernel = plan.kernel;
+    plan_p = plan.kernel == dg::KernelKind::kV2 ? plan.partition_size : 0;
   }
   const double bytes = c.layers * dgbench::attention_bytes(w.spec, w.h_lens, c.batch, kernel, plan_p);
   const double peak = read_bandwidth_gbs();
+  const double copy_peak = copy_bandwidth_gbs();
 
   cudaStream_t s = w.stream_of(mode);
   struct Events {  // destroyed on every path, including a library Error thrown by step()
@@ -308,14 +320,14 @@ void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode, bool legacy) 
   int r = 0;
   // Warm-up: captures the graph, touches every rotation once (up to 8).
   for (int i = 0; i < std::min(c.rotations, 8) + 2; ++i) {
-    w.step(mode, r, auto_p, legacy);
+    w.step(mode, r, legacy);
     r = (r + 1) % c.rotations;
   }
   DGB_CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<double> us;
   for (auto _ : state) {
     DGB_CUDA_CHECK(cudaEventRecord(e0, s));
-    w.step(mode, r, auto_p, legacy);
+    w.step(mode, r, legacy);
     DGB_CUDA_CHECK(cudaEventRecord(e1, s));
     DGB_CUDA_CHECK(cudaEventSynchronize(e1));
     float ms = 0;
@@ -329,7 +341,11 @@ void BM_AttentionBody(benchmark::State& state, Combo c, Mode mode, bool legacy) 
   state.counters["bytes"] = bytes;
   state.counters["GBps"] = med > 0 ? bytes / (med * 1e-6) / 1e9 : 0;
   state.counters["pct_read_bw"] = med > 0 && peak > 0 ? 100.0 * bytes / (med * 1e-6) / 1e9 / peak : 0;
+  state.counters["pct_copy_bw"] = med > 0 && copy_peak > 0 ? 100.0 * bytes / (med * 1e-6) / 1e9 / copy_peak : 0;
   state.counters["read_bw_GBps"] = peak;
+  state.counters["copy_bw_GBps"] = copy_peak;
+  state.counters["us_p99"] = dgbench::percentile(us, 99);
+  state.counters["kernel_v2"] = kernel == dg::KernelKind::kV2 ? 1 : 0;
   state.counters["P"] = plan_p;
   state.counters["rotations"] = c.rotations;
   state.SetLabel(std::string(dg::to_string(kernel)) + (legacy ? " legacy" : ""));
@@ -360,13 +376,31 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.counters["buffer_bytes"] = static_cast<double>(r.buffer_bytes);
 }
 
+/// The device-to-device copy ceiling (read + write), as its own row.
+void BM_CopyBandwidth(benchmark::State& state) {
+  if (!dg::cuda_device_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  dgbench::ReadBandwidth r{};
+  for (auto _ : state) {
+    r = dgbench::measure_copy_bandwidth(dgbench::default_bandwidth_buffer_bytes(), 10);
+    state.SetIterationTime(2.0 * static_cast<double>(r.buffer_bytes) / (r.median_gbs * 1e9));
+  }
+  state.counters["GBps"] = r.median_gbs;
+  state.counters["best_GBps"] = r.best_gbs;
+  state.counters["buffer_bytes"] = static_cast<double>(r.buffer_bytes);
+}
+
 void register_all() {
   benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)->UseManualTime()->Iterations(1)
       ->Unit(benchmark::kMillisecond);
-  const int batches[] = {1, 8, 32, 128};
+  benchmark::RegisterBenchmark("BM_CopyBandwidth", BM_CopyBandwidth)->UseManualTime()->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+  const int batches[] = {1, 8, 32, 64, 128};
   const int contexts[] = {512, 1024, 2048, 4096, 8192, 8193, 16384, 32768, 65536, 131072};
   const Mode modes[] = {Mode::kEagerV1,     Mode::kEagerV2P512, Mode::kEagerV2P1024,
-                        Mode::kEagerV2Auto, Mode::kGraph,       Mode::kGraphCallback};
+                        Mode::kEagerPlan, Mode::kGraph,       Mode::kGraphCallback};
   int registered = 0, skipped = 0;
   for (const char* model_name : {"llama3-8b", "llama3-70b-tp8", "mha"}) {
     const dgbench::ModelPreset* model = dgbench::find_preset(model_name);

@@ -94,6 +94,8 @@ void fill_random_device(decodegraph::DType dtype, void* buf, std::size_t n, std:
 /// Reads a buffer of `bytes` (make it far larger than L2) with 16-byte loads, `iters` timed passes
 /// after one warm-up pass, timed with CUDA events.
 ReadBandwidth measure_read_bandwidth(std::size_t bytes, int iters);
+/// Device-to-device cudaMemcpyAsync of a `bytes` buffer; GB/s counts bytes read + bytes written.
+ReadBandwidth measure_copy_bandwidth(std::size_t bytes, int iters);
 /// Default buffer size: 16x the device's L2, at least 1 GiB, at most a quarter of free memory.
 std::size_t default_bandwidth_buffer_bytes();
 #endif

@@ -64,6 +64,7 @@ struct Options {
   std::string policy = "auto";
   std::string device_model;  // "sms=N,blocks_per_sm=M"; empty: the backend's (host: an H200 model)
   bool plan_only = false;
+  std::string capture = "lazy";  // lazy: a bucket's graph at its first step; up-front: every graph at construction
   int max_seq_len = 0;
   std::string json_path;
   bool csv = false;
@@ -196,6 +197,12 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
             }
           },
           "sms=N,blocks_per_sm=M"))
+      ->group("executor");
+  app.add_option("--capture", o.capture,
+                 "lazy: each bucket's graph is captured at its first step; up-front: every bucket's graph at "
+                 "construction (the capture statistics then cover all buckets)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lazy", "up-front"}))
       ->group("executor");
   app.add_flag("--plan-only", o.plan_only,
                "print (and with --json write) every bucket's plan for the host model or --device-model, "
@@ -411,10 +418,11 @@ struct BandRow {
   double bytes_per_step = 0;
   double gbs = 0;          // bytes_per_step / graph p50
   double pct_read_bw = -1; // -1: n/a
+  double pct_copy_bw = -1; // of the d2d copy bandwidth (read + write); -1: n/a
   double max_abs_diff = 0;
 };
 
-std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_bw_gbs) {
+std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_bw_gbs, double copy_bw_gbs) {
   std::map<std::tuple<int, int, int>, std::vector<const StepRecord*>> groups;
   for (const auto& r : recs) groups[{r.band, static_cast<int>(r.kernel), r.partition_size}].push_back(&r);
   std::vector<BandRow> rows;
@@ -445,6 +453,7 @@ std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_
       row.speedup = row.graph_p50 > 0 ? row.eager_p50 / row.graph_p50 : 0;
       row.gbs = row.graph_p50 > 0 ? row.bytes_per_step / (row.graph_p50 * 1e-6) / 1e9 : 0;
       if (read_bw_gbs > 0) row.pct_read_bw = 100.0 * row.gbs / read_bw_gbs;
+      if (copy_bw_gbs > 0) row.pct_copy_bw = 100.0 * row.gbs / copy_bw_gbs;
     }
     rows.push_back(row);
   }
@@ -728,7 +737,7 @@ int run(int argc, char** argv) {
 
   fmt::print(out, "decodegraph {} decode_loop\n", dg::version());
   std::string device_name = "CPU";
-  dgbench::ReadBandwidth rbw;
+  dgbench::ReadBandwidth rbw, cbw;
 #if DECODEGRAPH_HAS_CUDA
   if (gpu) {
     int dev = 0;
@@ -737,11 +746,14 @@ int run(int argc, char** argv) {
     DGB_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     device_name = prop.name;
     rbw = dgbench::measure_read_bandwidth(dgbench::default_bandwidth_buffer_bytes(), 20);
+    cbw = dgbench::measure_copy_bandwidth(dgbench::default_bandwidth_buffer_bytes(), 10);
     fmt::print(out, "backend: cuda on {} ({} SMs); timings are GPU wall-clock per step (host launch + device)\n",
                prop.name, prop.multiProcessorCount);
     fmt::print(out, "measured read bandwidth: {:.0f} GB/s (median of {} streaming reads of {}; best {:.0f} GB/s)\n",
                rbw.median_gbs, rbw.iterations, dgbench::format_bytes(static_cast<double>(rbw.buffer_bytes)),
                rbw.best_gbs);
+    fmt::print(out, "measured d2d copy bandwidth: {:.0f} GB/s read + write (median of {} copies of {})\n",
+               cbw.median_gbs, cbw.iterations, dgbench::format_bytes(static_cast<double>(cbw.buffer_bytes)));
   }
 #endif
   if (!gpu) {
@@ -796,7 +808,7 @@ int run(int argc, char** argv) {
   }
   cfg.num_blocks = num_blocks;
   cfg.max_blocks_per_seq = width;
-  cfg.capture = dg::CapturePolicy::kLazy;
+  cfg.capture = opt.capture == "up-front" ? dg::CapturePolicy::kUpFront : dg::CapturePolicy::kLazy;
   cfg.backend = backend;
   cfg.append_kv = true;
   dg::Executor ex(cfg);
@@ -1049,9 +1061,10 @@ int run(int argc, char** argv) {
 
   // ---------------------------------------------------------------- report
   const double bw = gpu ? rbw.median_gbs : 0;
-  const std::vector<BandRow> rows = band_rows(recs, bw);
+  const std::vector<BandRow> rows = band_rows(recs, bw, gpu ? cbw.median_gbs : 0);
   std::vector<std::vector<std::string>> table = {{"band", "kernel", "P", "steps", "eager p50 us", "eager p99 us",
-                                                  "graph p50 us", "graph p99 us", "speedup", "GB/s", "% read bw"}};
+                                                  "graph p50 us", "graph p99 us", "speedup", "GB/s", "% read bw",
+                                                  "% copy bw"}};
   for (const auto& b : rows) {
     const bool timed = b.timed_steps > 0;
     table.push_back({band_label(b.band_lo, b.band_hi), dg::to_string(b.kernel),
@@ -1060,7 +1073,8 @@ int run(int argc, char** argv) {
                      fmt::format("{:.1f}", b.eager_p50), fmt::format("{:.1f}", b.eager_p99),
                      timed ? fmt::format("{:.1f}", b.graph_p50) : "-", timed ? fmt::format("{:.1f}", b.graph_p99) : "-",
                      timed ? fmt::format("{:.2f}x", b.speedup) : "-", timed ? fmt::format("{:.1f}", b.gbs) : "-",
-                     b.pct_read_bw >= 0 ? fmt::format("{:.1f}%", b.pct_read_bw) : "n/a"});
+                     b.pct_read_bw >= 0 ? fmt::format("{:.1f}%", b.pct_read_bw) : "n/a",
+                     b.pct_copy_bw >= 0 ? fmt::format("{:.1f}%", b.pct_copy_bw) : "n/a"});
   }
   fmt::print(out, "per band (batch bucket {}, {} layers; {}):\n", opt.batch, opt.layers,
              gpu ? "GPU wall-clock per step, host launch through device completion" : "CPU timings of the host backend");
@@ -1070,7 +1084,7 @@ int run(int argc, char** argv) {
              "its candidates (see captures below).\n"
              "  GB/s = bytes per step by the bytes model of docs/design.md (K+V read, q, out, V2 partials) / graph "
              "p50.\n");
-  if (!gpu) fmt::print(out, "  % read bw: n/a on the host backend (no device bandwidth to compare with).\n");
+  if (!gpu) fmt::print(out, "  % read bw, % copy bw: n/a on the host backend (no device bandwidth to compare with).\n");
   fmt::print(out,
              "\nkAuto and kThreshold per band (batch bucket {}; {} slots; this run: --policy {}):\n{}"
              "  The swap: above the threshold ({}) every policy replays V2. At or below it kThreshold runs V1,\n"
@@ -1080,12 +1094,13 @@ int run(int argc, char** argv) {
              model.target_blocks());
   if (opt.csv) {
     fmt::print("band_lo,band_hi,kernel,partition_size,steps,timed_steps,eager_p50_us,eager_p99_us,graph_p50_us,"
-               "graph_p99_us,speedup,bytes_per_step,gbs,pct_read_bw\n");
+               "graph_p99_us,speedup,bytes_per_step,gbs,pct_read_bw,pct_copy_bw\n");
     for (const auto& b : rows)
-      fmt::print("{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.0f},{:.3f},{}\n", b.band_lo, b.band_hi,
+      fmt::print("{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.0f},{:.3f},{},{}\n", b.band_lo, b.band_hi,
                  dg::to_string(b.kernel), b.partition_size, b.steps, b.timed_steps, b.eager_p50, b.eager_p99,
                  b.graph_p50, b.graph_p99, b.speedup, b.bytes_per_step, b.gbs,
-                 b.pct_read_bw >= 0 ? fmt::format("{:.2f}", b.pct_read_bw) : "n/a");
+                 b.pct_read_bw >= 0 ? fmt::format("{:.2f}", b.pct_read_bw) : "n/a",
+                 b.pct_copy_bw >= 0 ? fmt::format("{:.2f}", b.pct_copy_bw) : "n/a");
   }
 
   const dg::ExecutorStats stats = ex.stats();
@@ -1142,6 +1157,7 @@ int run(int argc, char** argv) {
     j["device"] = device_name;
     j["timing"] = gpu ? "gpu-wallclock" : "cpu-host-backend";
     j["read_bandwidth_gbs"] = num_or_null(rbw.median_gbs, gpu);
+    j["copy_bandwidth_gbs"] = num_or_null(cbw.median_gbs, gpu);
     j["config"] = {{"preset", opt.preset},
                    {"q_heads", spec.num_q_heads},
                    {"kv_heads", spec.num_kv_heads},
@@ -1158,6 +1174,7 @@ int run(int argc, char** argv) {
                    {"partition", opt.partition},
                    {"policy", opt.policy},
                    {"device_model", opt.device_model},
+                   {"capture", opt.capture},
                    {"seed", opt.seed}};
     j["defaults_used"] = defaults_used;
     j["policy"] = opt.policy;
@@ -1183,6 +1200,7 @@ int run(int argc, char** argv) {
                     {"bytes_per_step", num_or_null(b.bytes_per_step)},
                     {"gbs", num_or_null(b.gbs)},
                     {"pct_read_bw", num_or_null(b.pct_read_bw, b.pct_read_bw >= 0)},
+                    {"pct_copy_bw", num_or_null(b.pct_copy_bw, b.pct_copy_bw >= 0)},
                     {"max_abs_diff", num_or_null(b.max_abs_diff)}});
     }
     json jg = json::array();

@@ -88,6 +88,7 @@ std::vector<ConfigCase> config_cases() {
       {"device_model_blocks_per_sm_too_many", [](ExecutorConfig& c) { c.device_model.blocks_per_sm = 100; },
        {"device_model.blocks_per_sm", "100"}},
       {"policy_out_of_range", [](ExecutorConfig& c) { c.policy = static_cast<KernelPolicy>(9); }, {"policy", "9"}},
+      {"measure_replays_zero", [](ExecutorConfig& c) { c.measure_replays = 0; }, {"measure_replays", "0", "1..1000"}},
       {"capture_out_of_range", [](ExecutorConfig& c) { c.capture = static_cast<CapturePolicy>(9); },
        {"capture", "9"}},
       {"backend_out_of_range", [](ExecutorConfig& c) { c.backend = static_cast<BackendKind>(9); },
