@@ -24,6 +24,8 @@
 //   host_staging  written into host_staging() (once; the contents do not change): only the DMA
 //   device        device memory (CUDA): step() copies seq_lens back synchronously to find the band
 //   device_hint   device memory with StepInputs::max_seq_len: nothing is read back (kCheap)
+// band: host (BandSelect::kHost: one graph per plan, the band found on the host) or device
+// (kDevice: one graph per batch bucket, a SWITCH node per layer; device inputs are never read back).
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -94,7 +96,7 @@ struct StepRig {
 };
 
 std::unique_ptr<StepRig> make_rig(dg::BackendKind backend, bool empty_body, dg::ValidationLevel level,
-                                  int batch, int context) {
+                                  int batch, int context, dg::BandSelect band) {
   auto rig = std::make_unique<StepRig>();
   rig->device = backend == dg::BackendKind::kCuda;
   rig->spec = dgbench::spec_of(*dgbench::find_preset("llama3-8b"));
@@ -118,6 +120,7 @@ std::unique_ptr<StepRig> make_rig(dg::BackendKind backend, bool empty_body, dg::
   cfg.backend = backend;
   cfg.validation = level;
   cfg.capture = dg::CapturePolicy::kLazy;
+  cfg.band_select = band;
   dg::StepBody body;
   if (empty_body) body = [](dg::StepContext&) {};
   rig->ex = std::make_unique<dg::Executor>(cfg, body);
@@ -174,13 +177,17 @@ void drain(const StepRig& rig) {
 }
 
 void BM_StepBody(benchmark::State& state, dg::BackendKind backend, bool empty_body, int context,
-                 dg::ValidationLevel level, Inputs inputs) {
+                 dg::ValidationLevel level, Inputs inputs, dg::BandSelect band) {
   if (backend == dg::BackendKind::kCuda && !dg::cuda_device_available()) {
     state.SkipWithError("no CUDA device");
     return;
   }
   const int batch = static_cast<int>(state.range(0));
-  std::unique_ptr<StepRig> rig = make_rig(backend, empty_body, level, batch, context);
+  std::unique_ptr<StepRig> rig = make_rig(backend, empty_body, level, batch, context, band);
+  if (rig->ex->band_select() != band) {
+    state.SkipWithError(("band:device fell back to kHost: " + rig->ex->stats().band_select_note).c_str());
+    return;
+  }
   dg::StepInputs in;
   in.num_seqs = batch;
   in.block_table_stride = rig->width;
@@ -234,9 +241,9 @@ void BM_StepBody(benchmark::State& state, dg::BackendKind backend, bool empty_bo
 
 // A library Error (an unsupported shape, a failed launch) becomes an error row instead of ending the run.
 void BM_Step(benchmark::State& state, dg::BackendKind backend, bool empty_body, int context,
-             dg::ValidationLevel level, Inputs inputs) {
+             dg::ValidationLevel level, Inputs inputs, dg::BandSelect band) {
   try {
-    BM_StepBody(state, backend, empty_body, context, level, inputs);
+    BM_StepBody(state, backend, empty_body, context, level, inputs, band);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -255,17 +262,19 @@ void register_all() {
           for (Inputs in : {Inputs::kHost, Inputs::kHostStaging, Inputs::kDevice, Inputs::kDeviceHint}) {
             const bool dev = in == Inputs::kDevice || in == Inputs::kDeviceHint;
             if (dev && b.kind != dg::BackendKind::kCuda) continue;
-            const std::string name =
-                fmt::format("BM_Step/backend:{}/body:{}/context:{}/validation:{}/inputs:{}", b.name,
-                            empty ? "empty" : "attention", context, v == dg::ValidationLevel::kCheap ? "cheap" : "full",
-                            name_of(in));
-            benchmark::RegisterBenchmark(name.c_str(), BM_Step, b.kind, empty, context, v, in)
-                ->ArgName("batch")
-                ->Arg(1)
-                ->Arg(64)
-                ->Arg(256)
-                ->UseManualTime()
-                ->Unit(benchmark::kMicrosecond);
+            for (dg::BandSelect band : {dg::BandSelect::kHost, dg::BandSelect::kDevice}) {
+              const std::string name =
+                  fmt::format("BM_Step/backend:{}/body:{}/context:{}/validation:{}/inputs:{}/band:{}", b.name,
+                              empty ? "empty" : "attention", context,
+                              v == dg::ValidationLevel::kCheap ? "cheap" : "full", name_of(in), dg::to_string(band));
+              benchmark::RegisterBenchmark(name.c_str(), BM_Step, b.kind, empty, context, v, in, band)
+                  ->ArgName("batch")
+                  ->Arg(1)
+                  ->Arg(64)
+                  ->Arg(256)
+                  ->UseManualTime()
+                  ->Unit(benchmark::kMicrosecond);
+            }
           }
         }
       }

@@ -62,6 +62,8 @@ struct Options {
   std::string partition = "auto";
   int threshold = 8192;
   std::string policy = "auto";
+  std::string band_select = "device";
+  bool capture_compare = false;
   std::string device_model;  // "sms=N,blocks_per_sm=M"; empty: the backend's (host: an H200 model)
   bool plan_only = false;
   std::string capture = "lazy";  // lazy: a bucket's graph at its first step; up-front: every graph at construction
@@ -183,6 +185,16 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
                  "the threshold), measured (time candidates at capture); see docs/planning.md")
       ->check(CLI::IsMember({"auto", "threshold", "measured"}))
       ->capture_default_str()
+      ->group("executor");
+  app.add_option("--band-select", o.band_select,
+                 "where each step's band is chosen: device (one graph per batch bucket, a SWITCH node picks "
+                 "the band in the graph; falls back to host without CUDA 12.8) or host; see docs/executor.md")
+      ->check(CLI::IsMember({"host", "device"}))
+      ->capture_default_str()
+      ->group("executor");
+  app.add_flag("--capture-compare", o.capture_compare,
+               "with --plan-only: capture every bucket up front under --band-select host and device (host "
+               "backend) and print graphs, nodes and capture time side by side")
       ->group("executor");
   app.add_option("--device-model", o.device_model,
                  "plan for this GPU: sms=N,blocks_per_sm=M (either may be left out); default: the device's "
@@ -510,6 +522,34 @@ json device_model_json(const dg::DeviceModel& d, const std::string& source) {
           {"source", source}};
 }
 
+/// What capturing every bucket up front costs under one band choice (a separate executor).
+struct CaptureCost {
+  std::string mode;  // the band choice in effect ("host", or "device")
+  int graphs = 0, buckets = 0, distinct_plans = 0;
+  long long nodes = 0;
+  double capture_ms = 0, instantiate_ms = 0;
+  std::size_t graph_bytes = 0;
+  std::string note;  // why kDevice fell back, if it did
+};
+
+CaptureCost capture_cost(dg::ExecutorConfig cfg, dg::BandSelect mode) {
+  cfg.band_select = mode;
+  cfg.capture = dg::CapturePolicy::kUpFront;
+  dg::Executor ex(cfg);
+  const dg::ExecutorStats st = ex.stats();
+  CaptureCost c;
+  c.mode = dg::to_string(ex.band_select());
+  c.graphs = st.total_captures;
+  c.buckets = st.buckets;
+  c.distinct_plans = st.distinct_plans;
+  for (const dg::GraphStats& g : st.graphs) c.nodes += g.nodes;
+  c.capture_ms = st.capture_ms;
+  c.instantiate_ms = st.instantiate_ms;
+  c.graph_bytes = ex.memory().graphs;
+  c.note = st.band_select_note;
+  return c;
+}
+
 int distinct_graphs(const std::vector<dg::BucketPlan>& plans) {
   std::set<int> ids;
   for (const dg::BucketPlan& p : plans) ids.insert(p.graph_id);
@@ -623,8 +663,40 @@ int plan_only(const Options& opt, dg::ExecutorConfig cfg, const std::vector<std:
                                                        : std::to_string(distinct_graphs(plans)),
              cfg.policy == dg::KernelPolicy::kMeasured ? "; kMeasured starts from kAuto's choice" : "",
              dg::format_plan_table(plans));
+  // --capture-compare: every bucket captured up front under kHost and under kDevice, on the host
+  // backend (capture does not read the caches, so each layer gets a one-block cache).
+  std::vector<CaptureCost> costs;
+  if (opt.capture_compare) {
+    if (cfg.policy == dg::KernelPolicy::kMeasured) usage_error("--capture-compare needs --policy auto or threshold");
+    dg::ExecutorConfig ec = cfg;
+    ec.backend = dg::BackendKind::kHost;
+    ec.num_blocks = 1;
+    ec.num_layers = opt.layers;
+    const std::size_t block_bytes = s.block_elems() * dg::dtype_size(s.dtype);
+    std::vector<Buffer> caches;
+    caches.reserve(2 * static_cast<std::size_t>(opt.layers));  // Buffer points into itself on host: never moved
+    for (int l = 0; l < 2 * opt.layers; ++l) caches.emplace_back(false, block_bytes);
+    for (int l = 0; l < opt.layers; ++l) ec.layers.push_back(dg::LayerBuffers{caches[2 * l].get(), caches[2 * l + 1].get()});
+    for (const dg::BandSelect mode : {dg::BandSelect::kHost, dg::BandSelect::kDevice}) costs.push_back(capture_cost(ec, mode));
+    std::vector<std::vector<std::string>> t = {
+        {"band select", "graphs", "buckets", "distinct plans", "nodes", "capture ms", "instantiate ms"}};
+    for (const CaptureCost& c : costs)
+      t.push_back({c.mode, std::to_string(c.graphs), std::to_string(c.buckets), std::to_string(c.distinct_plans),
+                   std::to_string(c.nodes), fmt::format("{:.2f}", c.capture_ms), fmt::format("{:.2f}", c.instantiate_ms)});
+    fmt::print(out, "\ncapture cost, every bucket captured up front, {} layers, host backend (CPU times of recording "
+                    "closures, not CUDA capture times; graph memory n/a on host):\n{}",
+               opt.layers, dgbench::format_table(t));
+  }
   if (!opt.json_path.empty()) {
     json j;
+    if (!costs.empty()) {
+      json jc = json::array();
+      for (const CaptureCost& c : costs)
+        jc.push_back({{"band_select", c.mode}, {"graphs", c.graphs}, {"buckets", c.buckets},
+                      {"distinct_plans", c.distinct_plans}, {"nodes", c.nodes}, {"capture_ms", c.capture_ms},
+                      {"instantiate_ms", c.instantiate_ms}, {"layers", opt.layers}, {"backend", "host"}});
+      j["capture_compare"] = jc;
+    }
     j["program"] = "decode_loop";
     j["version"] = dg::version();
     j["mode"] = "plan-only";
@@ -693,6 +765,7 @@ int run(int argc, char** argv) {
   def("--partition", opt.partition);
   def("--threshold", std::to_string(opt.threshold));
   def("--policy", opt.policy);
+  def("--band-select", opt.band_select);
 
   const std::vector<Segment> segments = parse_segments(opt.start_lens, opt.batch);
   const int bs = spec.block_size;
@@ -724,6 +797,7 @@ int run(int argc, char** argv) {
   cfg.v2_threshold = opt.threshold;
   cfg.partition_size = partition;
   cfg.policy = dg::parse_kernel_policy(opt.policy);
+  cfg.band_select = opt.band_select == "host" ? dg::BandSelect::kHost : dg::BandSelect::kDevice;
   if (!opt.device_model.empty()) cfg.device_model = parse_device_model(opt.device_model);
   const std::string model_from = model_source(opt.device_model, gpu);
   if (opt.plan_only) return plan_only(opt, cfg, defaults_used, out);
@@ -818,6 +892,11 @@ int run(int argc, char** argv) {
   fmt::print(out, "policy {}; device model {} SMs x {} resident pass-1 blocks = {} slots ({})\n", opt.policy,
              model.num_sms, model.blocks_per_sm, model.target_blocks(),
              model_from);
+  fmt::print(out, "band select: {}{}\n", dg::to_string(ex.band_select()),
+             ex.band_select() == dg::BandSelect::kDevice
+                 ? " (one graph per batch bucket; the band is chosen in the graph, a SWITCH node per layer)"
+                 : (ex.stats().band_select_note.empty() ? " (one graph per distinct plan)"
+                                                        : " (" + ex.stats().band_select_note + ")"));
   fmt::print(out, "plan (every bucket; this run uses batch bucket {}; {} distinct graphs for {} buckets{}):\n{}\n",
              opt.batch, ex.stats().distinct_graphs, ex.plans().size(),
              cfg.policy == dg::KernelPolicy::kMeasured ? ", kMeasured: decided when each bucket is first captured"
@@ -1110,7 +1189,9 @@ int run(int argc, char** argv) {
   for (const auto& g : stats.graphs)
     ctable.push_back({std::to_string(g.graph_id), std::to_string(g.batch), band_label(g.band_lo, g.band_hi),
                       std::to_string(g.buckets),
-                      g.kernel == dg::KernelKind::kV2 ? fmt::format("v2 P={}", g.partition_size) : "v1",
+                      g.switch_graph ? fmt::format("switch, {} branches", g.branches)
+                      : g.kernel == dg::KernelKind::kV2 ? fmt::format("v2 P={}", g.partition_size)
+                                                        : "v1",
                       std::to_string(g.captures), std::to_string(g.replays), std::to_string(g.nodes),
                       fmt::format("{:.2f}", g.capture_ms), fmt::format("{:.2f}", g.instantiate_ms),
                       fmt::format("{:.2f}", g.measure_ms)});
@@ -1130,6 +1211,26 @@ int run(int argc, char** argv) {
              gpu ? "" : " (host memory; graphs: n/a on host)");
   fmt::print(out, "steps: {} replayed ({} V1, {} V2), {} rejected\n", stats.steps, stats.replays(dg::KernelKind::kV1),
              stats.replays(dg::KernelKind::kV2), stats.rejected_steps);
+
+  // Capture cost of the two band choices side by side: every bucket captured up front by one more
+  // executor each, on the same caches. kMeasured would time every candidate of every bucket first.
+  std::vector<CaptureCost> costs;
+  if (cfg.policy != dg::KernelPolicy::kMeasured) {
+    for (const dg::BandSelect mode : {dg::BandSelect::kHost, dg::BandSelect::kDevice}) costs.push_back(capture_cost(cfg, mode));
+    std::vector<std::vector<std::string>> t = {
+        {"band select", "graphs", "buckets", "distinct plans", "nodes", "capture ms", "instantiate ms", "graph memory"}};
+    for (const CaptureCost& c : costs)
+      t.push_back({c.mode, std::to_string(c.graphs), std::to_string(c.buckets), std::to_string(c.distinct_plans),
+                   std::to_string(c.nodes), fmt::format("{:.2f}", c.capture_ms), fmt::format("{:.2f}", c.instantiate_ms),
+                   gpu ? dgbench::format_bytes(static_cast<double>(c.graph_bytes)) : "n/a (host)"});
+    fmt::print(out, "\ncapture cost, every bucket captured up front (kHost: one graph per distinct plan; kDevice: one "
+                    "per batch bucket){}:\n{}",
+               costs.back().mode == "device" ? "" : " (kDevice fell back: " + costs.back().note + ")",
+               dgbench::format_table(t));
+  } else {
+    fmt::print(out, "\ncapture cost side by side: not computed under --policy measured (it would time every candidate "
+                    "of every bucket first)\n");
+  }
 
   int bitwise_steps = 0;
   double max_diff = 0;
@@ -1229,6 +1330,19 @@ int run(int argc, char** argv) {
                      {"measured_buckets", stats.measured_buckets},
                      {"candidate_graphs", stats.candidate_graphs},
                      {"graphs", jg}};
+    json jc = json::array();
+    for (const CaptureCost& c : costs)
+      jc.push_back({{"band_select", c.mode},
+                    {"graphs", c.graphs},
+                    {"buckets", c.buckets},
+                    {"distinct_plans", c.distinct_plans},
+                    {"nodes", c.nodes},
+                    {"capture_ms", c.capture_ms},
+                    {"instantiate_ms", c.instantiate_ms},
+                    {"graph_bytes", c.graph_bytes},
+                    {"note", c.note}});
+    j["capture_compare"] = jc;
+    j["band_select"] = dg::to_string(ex.band_select());
     j["memory"] = {{"static_buffers", mem.static_buffers},
                    {"workspace", mem.workspace},
                    {"graphs", mem.graphs},

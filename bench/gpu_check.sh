@@ -168,6 +168,15 @@ if ((built)); then
   else
     note bench-step SKIP 0 "bench_step not built"
   fi
+  # Issue 12: replay cost of BandSelect kDevice (SWITCH graph per batch bucket) against kHost, with
+  # device-resident inputs (kHost without a hint copies seq_lens back; with one it does not), batch
+  # 1 and 64, one layer of real attention at 16 tokens. Capture time and graph memory of both come
+  # from the decode-loop stages below (their "capture cost" table and capture_compare in the JSON).
+  if [[ -n $bench_step ]]; then
+    run_stage bench-step-band "$out/bench_step_band.log" 60 "$bench_step" \
+      --benchmark_filter='backend:cuda/body:(empty|attention)/context:16/validation:cheap/inputs:device(_hint)?/band:(host|device)/batch:(1|64)$' \
+      --benchmark_min_time=0.1 --benchmark_out="$out/bench_step_band.json" --benchmark_out_format=json
+  fi
 
   # ---------------------------------------------------------------- decode_loop
   loop=$(bin decode_loop bench)

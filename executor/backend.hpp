@@ -12,9 +12,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/executor.hpp"
+#include "kernels/band_select.cuh"
 
 namespace decodegraph::detail {
 
@@ -123,6 +125,29 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
   /// Host backend: records fn. CUDA backend: throws Error.
   virtual void host_work(std::function<void()> fn) = 0;
+
+  // ------------------------------------------------------------ band choice in the graph (kDevice)
+  /// Whether a graph can choose a branch when it runs. CUDA: driver and runtime >= 12.8 and a probe
+  /// graph with a SWITCH node that instantiates (once per process, outside any capture). Host:
+  /// always. On false, `why` says what is missing. Never throws.
+  virtual bool switch_supported(std::string& why) = 0;
+  /// Records the band-select node (capture only): it computes the band of the staged lengths when
+  /// the graph runs, counts it in p.branch_counts, and sets the value of every SWITCH node recorded
+  /// after it in this capture (p.handles is filled by the backend).
+  virtual void band_select(const kernels::BandSelectParams& p) = 0;
+  /// Records a SWITCH node of `branches` branches whose value the capture's band-select node sets.
+  /// Then, for each branch in order, begin_branch / ops / end_branch, and end_switch. Throws Error
+  /// without a band-select node before it, or past kernels::kMaxSwitchHandles SWITCH nodes.
+  virtual void begin_switch(int branches) = 0;
+  /// Starts branch `branch` of the open SWITCH node. `key` names its launches: when an earlier
+  /// branch of this node had the same key, the branch reuses that recording and this returns false
+  /// (record nothing; still call end_branch).
+  virtual bool begin_branch(int branch, int key) = 0;
+  virtual void end_branch() = 0;
+  virtual void end_switch() = 0;
+  /// Copies `bytes` of executor memory to the host after waiting for the last step, for statistics
+  /// (the branch counters). Not a fault site; returns false instead of throwing on a CUDA error.
+  virtual bool read_for_stats(void* dst, const void* src, std::size_t bytes) noexcept = 0;
 };
 
 std::unique_ptr<Backend> make_host_backend();

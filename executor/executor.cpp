@@ -4,6 +4,11 @@
 // are identical share one graph (one GraphSlot). Backend-neutral; the backends live in
 // host_backend.cpp and cuda/.
 //
+// Band choice (BandSelect): under kHost step() finds the band on the host and replays that plan's
+// graph; under kDevice each batch bucket has one graph (a GraphSlot with switch_bucket set) that
+// starts with the band-select node and turns every attention call into a SWITCH node over the
+// bucket's bands, so step() only stages and replays.
+//
 // NOTE(graph): every pointer a captured op reads (seq_lens, block_tables, slot_mapping, q/out/new
 // K/V, workspace, alibi, the bad-block flag) is allocated once here and never moves; what changes
 // between steps is written into those buffers by staging, never baked into a launch. Caller
@@ -32,6 +37,7 @@
 #include "executor/backend.hpp"
 #include "executor/nvtx.hpp"
 #include "executor/plan.hpp"
+#include "kernels/band_select.cuh"
 
 namespace decodegraph {
 
@@ -122,8 +128,14 @@ bool overlaps(const void* p, std::size_t n, const void* base, std::size_t bytes)
 
 long long ExecutorStats::replays(KernelKind kind) const {
   long long n = 0;
-  for (const GraphStats& g : graphs)
-    if (g.kernel == kind) n += g.replays;
+  for (const GraphStats& g : graphs) {
+    if (!g.switch_graph) {
+      if (g.kernel == kind) n += g.replays;
+      continue;
+    }
+    for (std::size_t b = 0; b < g.band_replays.size() && b < g.band_kernels.size(); ++b)
+      if (g.band_kernels[b] == kind) n += g.band_replays[b];
+  }
   return n;
 }
 
@@ -185,6 +197,12 @@ struct Executor::Impl {
   std::vector<int32_t> seq_scratch, bt_scratch;
   std::vector<int64_t> slot_scratch;
 
+  BandSelect band_mode = BandSelect::kHost;  // in effect, after any fallback
+  std::string band_note;                     // why kDevice fell back
+  int* edges_dev = nullptr;                  // kDevice: [num_bands] band edges (executor memory)
+  unsigned long long* branch_counts = nullptr;  // kDevice: [buckets, num_bands] branch executions
+  int switch_nodes = 0;                      // SWITCH nodes in the capture being recorded
+
   /// One distinct launch sequence: the graph every bucket with that plan replays.
   struct GraphSlot {
     BucketPlan plan;  // the launch plan; band fields span its buckets (StepContext::plan)
@@ -192,8 +210,11 @@ struct Executor::Impl {
     std::unique_ptr<BackendGraph> graph;  // null until captured
     GraphStats stats;
     std::size_t rejected_bytes = 0;  // bytes of a graph the memory budget rejected, 0 if none
+    int switch_bucket = -1;  // kDevice: the batch bucket whose bands are this graph's branches
   };
+  /// kHost: the graphs. kDevice: the distinct launch sequences (branch identities), never captured.
   std::vector<GraphSlot> slots;
+  std::vector<GraphSlot> bucket_slots;  // kDevice: one graph per batch bucket
   std::map<detail::LaunchKey, int> slot_of_launch;
   long long steps = 0, rejected = 0;
   int total_captures = 0;
@@ -227,6 +248,8 @@ struct Executor::Impl {
     std::size_t n = 0;
     for (const GraphSlot& g : slots)
       if (g.graph) n += g.graph->bytes();
+    for (const GraphSlot& g : bucket_slots)
+      if (g.graph) n += g.graph->bytes();
     return n;
   }
   void check_layer(int layer) const {
@@ -237,22 +260,36 @@ struct Executor::Impl {
     return static_cast<std::size_t>(cfg.max_batch) * cfg.max_blocks_per_seq * sizeof(int32_t);
   }
 
+  /// What validate() learnt about the lengths: band_len sizes the band (kHost) and the staged table
+  /// columns (0: not known, device inputs under kDevice without a hint); max_len is the longest
+  /// length when the lengths were read on the host, else 0.
+  struct Lengths {
+    int band_len = 0;
+    int max_len = 0;
+  };
   StepResult step(const StepInputs& in, std::optional<Stream> stream);
-  int validate(const StepInputs& in);
+  Lengths validate(const StepInputs& in);
   void check_staging_pointers(const StepInputs& in) const;
   void stage(const StepInputs& in, const BucketPlan& plan, int band_len);
   void stage_synthetic(const BucketPlan& plan);
   void join(std::size_t idx);
   void measure(std::size_t idx);
+  bool bucket_measured(int bucket) const;
+  void measure_bucket(int bucket);
   void capture(std::size_t idx);
+  void capture_slot(GraphSlot& slot, const std::string& what);
   void record(const BucketPlan& plan);
-  void check_graph_budget(std::size_t idx, std::size_t bytes) const;
+  void record_slot(GraphSlot& slot);
+  void record_switch(GraphSlot& slot);
+  BucketPlan bucket_graph_plan(int bucket) const;
+  void check_graph_budget(const std::string& what, std::size_t bytes) const;
   void check_device_ranges(const std::vector<LayerBuffers>& given) const;
   std::size_t owned_bytes_missing(const std::vector<LayerBuffers>& given) const;
   std::vector<LayerBuffers> resolve_layers(const std::vector<LayerBuffers>& given);
   void report_bad_block(bool wait);
   void attention(const BucketPlan& plan, int layer, const void* q, void* out, int64_t q_stride,
                  int64_t out_stride);
+  void attention_switch(int bucket, int layer, const void* q, void* out, int64_t q_stride, int64_t out_stride);
 };
 
 // ---------------------------------------------------------------- StepContext
@@ -260,6 +297,7 @@ struct Executor::Impl {
 struct StepContext::Impl {
   Executor::Impl* ex;
   const BucketPlan* plan;
+  int switch_bucket = -1;  // kDevice: attention becomes a SWITCH node over this bucket's bands
 };
 
 Stream StepContext::stream() const { return impl_->ex->backend->stream(); }
@@ -297,7 +335,27 @@ void StepContext::attention(int layer, const void* q, void* out, int64_t q_strid
   ex.check_layer(layer);
   require(q != nullptr, "q", "null", "a query buffer [max_batch, num_q_heads, head_size]");
   require(out != nullptr, "out", "null", "an output buffer [max_batch, num_q_heads, head_size]");
-  ex.attention(*impl_->plan, layer, q, out, q_stride, out_stride);
+  if (impl_->switch_bucket >= 0)
+    ex.attention_switch(impl_->switch_bucket, layer, q, out, q_stride, out_stride);
+  else
+    ex.attention(*impl_->plan, layer, q, out, q_stride, out_stride);
+}
+
+// kDevice: one SWITCH node whose branch `band` holds that band's plan's launches, exactly as kHost's
+// graph of (bucket, band) would; bands with the same launches (graph_id) share one recording.
+void Executor::Impl::attention_switch(int bucket, int layer, const void* q, void* out, int64_t q_stride,
+                                      int64_t out_stride) {
+  if (switch_nodes + 1 > kernels::kMaxSwitchHandles)
+    throw_invalid("attention calls in one graph under BandSelect::kDevice", switch_nodes + 1,
+                  "at most " + std::to_string(kernels::kMaxSwitchHandles) + " (one SWITCH node each)");
+  ++switch_nodes;
+  backend->begin_switch(num_bands);
+  for (int band = 0; band < num_bands; ++band) {
+    const BucketPlan& p = plans[static_cast<std::size_t>(bucket) * num_bands + band];
+    if (backend->begin_branch(band, p.graph_id)) attention(p, layer, q, out, q_stride, out_stride);
+    backend->end_branch();
+  }
+  backend->end_switch();
 }
 
 // One layer's attention as `p` launches it (a graph's plan, or a kMeasured candidate).
@@ -370,6 +428,25 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
                                  [&](const AttentionSpec& spec) { return m.backend->device_model(spec); });
   m.cfg.backend = kind;
   m.check_device_ranges(m.cfg.layers);
+  // Band choice: the probe runs once here, outside any capture; a missing feature is a fallback.
+  m.band_mode = m.cfg.band_select;
+  if (m.band_mode == BandSelect::kDevice) {
+    std::string why;
+    bool ok = false;
+    if (m.cfg.switch_probe) {
+      ok = m.cfg.switch_probe();
+      if (!ok) why = "the switch_probe hook reported no conditional SWITCH nodes";
+    } else {
+      ok = m.backend->switch_supported(why);
+    }
+    if (!ok) {
+      m.band_mode = BandSelect::kHost;
+      m.band_note = "kDevice unsupported (" + why + "); using kHost";
+      m.log->warn("band_select: conditional SWITCH nodes are not available ({}); falling back to kHost: the "
+                  "band is chosen on the host each step, one graph per distinct plan",
+                  why);
+    }
+  }
   m.body = std::move(body);
   m.plans = detail::make_plans(m.cfg);
   m.num_bands = static_cast<int>(m.cfg.band_edges.size());
@@ -380,6 +457,22 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   }
   for (std::size_t i = 0; i < m.plans.size(); ++i)
     if (m.plans[i].graph_id >= 0) m.join(i);  // kMeasured joins a bucket once it is measured
+  if (m.band_mode == BandSelect::kDevice) {
+    for (int b = 0; b < static_cast<int>(m.cfg.batch_buckets.size()); ++b) {
+      Impl::GraphSlot g;
+      g.switch_bucket = b;
+      g.plan = m.bucket_graph_plan(b);
+      for (int band = 0; band < m.num_bands; ++band)
+        g.buckets.push_back(static_cast<std::size_t>(b) * m.num_bands + band);
+      g.stats.graph_id = b;
+      g.stats.batch = g.plan.batch;
+      g.stats.band = 0;
+      g.stats.last_band = m.num_bands - 1;
+      g.stats.buckets = m.num_bands;
+      g.stats.switch_graph = true;
+      m.bucket_slots.push_back(std::move(g));
+    }
+  }
   // One workspace for every plan, and every candidate kMeasured may time.
   for (const BucketPlan& p : m.plans) {
     m.workspace_bytes = std::max(m.workspace_bytes, p.workspace_bytes);
@@ -399,7 +492,12 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.owned_layers.resize(c.num_layers);
   const std::size_t layer_bytes = m.owned_bytes_missing(c.layers);
   const std::size_t measure_bytes = c.policy == KernelPolicy::kMeasured ? m.q_bytes() : 0;
-  m.static_bytes = seq_bytes + bt_bytes + slot_bytes + alibi_bytes + sizeof(int) + measure_bytes;
+  const bool on_device = m.band_mode == BandSelect::kDevice;
+  const std::size_t edges_bytes = on_device ? m.num_bands * sizeof(int) : 0;
+  const std::size_t counts_bytes =
+      on_device ? c.batch_buckets.size() * m.num_bands * sizeof(unsigned long long) : 0;
+  m.static_bytes = seq_bytes + bt_bytes + slot_bytes + alibi_bytes + sizeof(int) + measure_bytes + edges_bytes +
+                   counts_bytes;
   const std::size_t needed = m.static_bytes + layer_bytes + m.workspace_bytes;
   if (c.memory_budget_bytes != 0 && needed > c.memory_budget_bytes)
     throw_invalid("memory_budget_bytes", c.memory_budget_bytes,
@@ -414,6 +512,11 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.bad_block = static_cast<int*>(m.alloc(sizeof(int)));
   if (m.workspace_bytes) m.workspace = m.alloc(m.workspace_bytes);
   if (measure_bytes) m.measure_out = m.alloc(measure_bytes);
+  if (on_device) {
+    m.edges_dev = static_cast<int*>(m.alloc(edges_bytes));
+    m.backend->upload(m.edges_dev, c.band_edges.data(), edges_bytes);
+    m.branch_counts = static_cast<unsigned long long*>(m.alloc(counts_bytes));  // zeroed
+  }
   if (alibi_bytes) {
     m.alibi = static_cast<float*>(m.alloc(alibi_bytes));
     m.backend->upload(m.alibi, c.alibi_slopes.data(), alibi_bytes);
@@ -428,11 +531,12 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.slot_scratch.resize(mb);
 
   m.log->info("executor: backend {}, {} layers, max_batch {}, max_seq_len {}, {} buckets x {} bands, "
-              "policy {}, device model {} SMs x {} blocks, {} distinct graphs, capture {}, memory {} "
-              "(static {}, workspace {})",
+              "policy {}, band select {}, device model {} SMs x {} blocks, {} graphs ({} distinct plans), "
+              "capture {}, memory {} (static {}, workspace {})",
               to_string(kind), c.num_layers, c.max_batch, c.max_seq_len, c.batch_buckets.size(),
-              m.num_bands, to_string(c.policy), c.device_model.num_sms, c.device_model.blocks_per_sm,
-              m.slots.size(), to_string(c.capture), mib(needed), mib(m.static_bytes),
+              m.num_bands, to_string(c.policy), to_string(m.band_mode), c.device_model.num_sms,
+              c.device_model.blocks_per_sm, on_device ? m.bucket_slots.size() : m.slots.size(), m.slots.size(),
+              to_string(c.capture), mib(needed), mib(m.static_bytes),
               mib(m.workspace_bytes));
   if (m.log->should_log(spdlog::level::debug)) m.log->debug("plans:\n{}", format_plan_table(m.plans));
 
@@ -449,10 +553,11 @@ Executor& Executor::operator=(Executor&&) noexcept = default;
 // max_seq_len hint when given, else the largest seq_len. Host inputs: every length is checked (and
 // against the hint). Device-resident inputs (MemorySpace::kDevice): without a hint seq_lens are
 // copied to the host (num_seqs * 4 bytes, a synchronous copy on the step's stream) to find the
-// band; with one nothing is read back under kCheap. kFull copies and checks everything: lengths
-// (against the hint too), every block id a length uses, and every slot (range, and the position
-// seq_len - 1 of its sequence).
-int Executor::Impl::validate(const StepInputs& in) {
+// band; with one nothing is read back under kCheap. Under BandSelect::kDevice the graph finds the
+// band, so device inputs are never read back under kCheap, hint or not. kFull copies and checks
+// everything: lengths (against the hint too), every block id a length uses, and every slot (range,
+// and the position seq_len - 1 of its sequence).
+Executor::Impl::Lengths Executor::Impl::validate(const StepInputs& in) {
   if (in.num_seqs < 1 || in.num_seqs > cfg.max_batch)
     throw_invalid("inputs.num_seqs", in.num_seqs, "1..max_batch = 1.." + std::to_string(cfg.max_batch));
   if (in.space != MemorySpace::kHost && in.space != MemorySpace::kDevice)
@@ -471,7 +576,7 @@ int Executor::Impl::validate(const StepInputs& in) {
   const bool full = cfg.validation == ValidationLevel::kFull;
 
   // Lengths: read unless they are on the device, a hint gives the band and kCheap trusts them.
-  const bool read_lens = !device || hint == 0 || full;
+  const bool read_lens = !device || (hint == 0 && band_mode == BandSelect::kHost) || full;
   const int32_t* lens = in.seq_lens;
   int max_len = 0;
   if (read_lens) {
@@ -495,14 +600,17 @@ int Executor::Impl::validate(const StepInputs& in) {
     }
   }
   const int band_len = hint != 0 ? hint : max_len;
+  const Lengths out{band_len, max_len};
   const int bs = cfg.spec.block_size;
+  if (band_len == 0 && in.block_table_stride < 1)  // lengths unknown here (kDevice, device inputs)
+    throw_invalid("inputs.block_table_stride", in.block_table_stride, ">= 1");
   const int need_cols = (band_len + bs - 1) / bs;
   if (in.block_table_stride < need_cols)
     throw_invalid("inputs.block_table_stride", in.block_table_stride,
                   ">= ceil(" + std::string(hint != 0 ? "max_seq_len hint " : "max seq_len ") +
                       std::to_string(band_len) + " / block_size " + std::to_string(bs) + ") = " +
                       std::to_string(need_cols));
-  if (!full) return band_len;
+  if (!full) return out;
 
   const int32_t* bt = in.block_tables;
   const int64_t* slots = in.slot_mapping;
@@ -550,7 +658,7 @@ int Executor::Impl::validate(const StepInputs& in) {
                           std::to_string(bs) + " + " + std::to_string(pos % bs) + " = " + std::to_string(want));
     }
   }
-  return band_len;
+  return out;
 }
 
 // Inputs may point at the host staging buffers (host_staging()), but only as handed out: each at its
@@ -585,7 +693,10 @@ void Executor::Impl::stage(const StepInputs& in, const BucketPlan& plan, int ban
   const int n = in.num_seqs;
   const int pad = plan.batch - n;
   const int slots = in.slot_mapping ? n : 0;  // rows [slots, batch) get slot -1
-  const std::size_t cols = static_cast<std::size_t>((band_len + cfg.spec.block_size - 1) / cfg.spec.block_size);
+  // band_len 0: the lengths were not read (kDevice, device inputs): every column the row may use.
+  const std::size_t cols =
+      band_len > 0 ? static_cast<std::size_t>((band_len + cfg.spec.block_size - 1) / cfg.spec.block_size)
+                   : static_cast<std::size_t>(std::min(in.block_table_stride, cfg.max_blocks_per_seq));
   const std::size_t dpitch = static_cast<std::size_t>(cfg.max_blocks_per_seq) * sizeof(int32_t);
   const std::size_t spitch = static_cast<std::size_t>(in.block_table_stride) * sizeof(int32_t);
   backend->wait_staging_reusable();
@@ -708,21 +819,28 @@ void Executor::Impl::measure(std::size_t idx) {
 // same launch). On any exception the capture is ended and discarded (no partial graph), and the
 // graph stays uncaptured.
 void Executor::Impl::capture(std::size_t idx) {
-  GraphSlot& slot = slots[plans[idx].graph_id];
-  if (slot.rejected_bytes != 0) check_graph_budget(idx, slot.rejected_bytes);  // throws
+  capture_slot(slots[plans[idx].graph_id], "bucket (batch " + std::to_string(plans[idx].batch) + ", band " +
+                                               std::to_string(plans[idx].band) + ", graph " +
+                                               std::to_string(plans[idx].graph_id) + ")");
+}
+
+// Captures and instantiates `slot`'s graph; `what` names it in a budget error.
+void Executor::Impl::capture_slot(GraphSlot& slot, const std::string& what) {
+  if (slot.rejected_bytes != 0) check_graph_budget(what, slot.rejected_bytes);  // throws
   detail::NvtxRange range("decodegraph::capture");
+  if (slot.switch_bucket >= 0) slot.plan = bucket_graph_plan(slot.switch_bucket);  // kMeasured may have moved it
   const BucketPlan& plan = slot.plan;
   const auto t0 = std::chrono::steady_clock::now();
   backend->begin_capture();
   AbortCapture abort{backend.get()};
-  record(plan);
+  record_slot(slot);
   const double capture_ms = ms_since(t0);
   abort.armed = false;  // end_capture_and_instantiate ends the capture on every path
   const auto t1 = std::chrono::steady_clock::now();
   std::unique_ptr<BackendGraph> g = backend->end_capture_and_instantiate();
   const double inst_ms = ms_since(t1);
   try {
-    check_graph_budget(idx, g->bytes());
+    check_graph_budget(what, g->bytes());
   } catch (const Error&) {
     slot.rejected_bytes = g->bytes();
     throw;
@@ -735,10 +853,11 @@ void Executor::Impl::capture(std::size_t idx) {
   s.instantiate_ms = inst_ms;
   slot.graph = std::move(g);
   ++total_captures;
-  log->info("captured graph {} for batch {} lengths ({},{}] {} ({} buckets): {} nodes, capture {:.3f} ms, "
+  log->info("captured {}graph {} for batch {} lengths ({},{}] {} ({} buckets): {} nodes, capture {:.3f} ms, "
             "instantiate {:.3f} ms, graph memory {}",
-            s.graph_id, plan.batch, plan.band_lo, plan.band_hi, to_string(plan.kernel), slot.buckets.size(),
-            s.nodes, capture_ms, inst_ms, mib(s.bytes));
+            slot.switch_bucket >= 0 ? "SWITCH " : "", s.graph_id, plan.batch, plan.band_lo, plan.band_hi,
+            slot.switch_bucket >= 0 ? "every band" : to_string(plan.kernel), slot.buckets.size(), s.nodes,
+            capture_ms, inst_ms, mib(s.bytes));
 }
 
 // Records one graph's work into the running capture: the step body (or every layer's append and
@@ -758,20 +877,84 @@ void Executor::Impl::record(const BucketPlan& plan) {
   backend->copy_to_host(bad_block_h, bad_block, sizeof(int));
 }
 
+void Executor::Impl::record_slot(GraphSlot& slot) {
+  if (slot.switch_bucket >= 0)
+    record_switch(slot);
+  else
+    record(slot.plan);
+}
+
+// kDevice: the band-select node first (after staging, before any attention), then the step body
+// with every attention call a SWITCH node (attention_switch), then the flag copy as in record().
+void Executor::Impl::record_switch(GraphSlot& slot) {
+  const int b = slot.switch_bucket;
+  kernels::BandSelectParams p;
+  p.seq_lens = seq_lens;  // NOTE(graph): staged each step; padded rows are 0
+  p.batch = slot.plan.batch;
+  p.edges = edges_dev;
+  p.num_edges = num_bands;
+  p.branch_counts = branch_counts + static_cast<std::size_t>(b) * num_bands;
+  backend->band_select(p);
+  switch_nodes = 0;
+  StepContext::Impl ctx_impl{this, &slot.plan, b};
+  StepContext ctx(&ctx_impl);
+  if (body) {
+    body(ctx);
+  } else {
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      if (cfg.append_kv) ctx.append_kv(l);
+      ctx.attention(l);
+    }
+  }
+  backend->copy_to_host(bad_block_h, bad_block, sizeof(int));
+}
+
+// What StepContext::plan() says while a kDevice bucket graph is recorded: the bucket's batch, every
+// band (band 0 .. the last, lengths (0, max_seq_len]), the longest launch_len and largest workspace
+// of its branches, and the longest band's kernel and partitions.
+BucketPlan Executor::Impl::bucket_graph_plan(int bucket) const {
+  const std::size_t first = static_cast<std::size_t>(bucket) * num_bands;
+  BucketPlan p = plans[first + num_bands - 1];
+  p.candidates.clear();
+  p.band = 0;
+  p.band_lo = 0;
+  p.graph_id = bucket;
+  for (int band = 0; band < num_bands; ++band) {
+    p.launch_len = std::max(p.launch_len, plans[first + band].launch_len);
+    p.workspace_bytes = std::max(p.workspace_bytes, plans[first + band].workspace_bytes);
+  }
+  return p;
+}
+
+bool Executor::Impl::bucket_measured(int bucket) const {
+  for (int band = 0; band < num_bands; ++band)
+    if (plans[static_cast<std::size_t>(bucket) * num_bands + band].graph_id < 0) return false;
+  return true;
+}
+
+// kMeasured under kDevice: a bucket graph holds every band, so every band not yet measured is
+// measured now, each on synthetic inputs in its band (stage_synthetic); the caller restages.
+void Executor::Impl::measure_bucket(int bucket) {
+  for (int band = 0; band < num_bands; ++band) {
+    const std::size_t idx = static_cast<std::size_t>(bucket) * num_bands + band;
+    if (plans[idx].graph_id >= 0) continue;
+    stage_synthetic(plans[idx]);
+    measure(idx);
+  }
+}
+
 // Static buffers and workspace are checked against memory_budget_bytes at construction; graph
 // memory is known only once a bucket is captured, so it is checked here, before the graph is kept.
 // With CapturePolicy::kUpFront an over-budget bucket therefore fails construction; with kLazy the
 // step that first needs it throws. Executor memory only grows (graphs are never freed), so a
 // rejected bucket can never fit later: capture() remembers it and throws the same error at once,
 // without capturing it again.
-void Executor::Impl::check_graph_budget(std::size_t idx, std::size_t bytes) const {
+void Executor::Impl::check_graph_budget(const std::string& what, std::size_t bytes) const {
   if (cfg.memory_budget_bytes == 0) return;
   const std::size_t total = static_bytes + workspace_bytes + graph_bytes() + bytes;
   if (total > cfg.memory_budget_bytes)
     throw_invalid("memory_budget_bytes", cfg.memory_budget_bytes,
-                  ">= " + std::to_string(total) + " bytes to hold the graph of bucket (batch " +
-                      std::to_string(plans[idx].batch) + ", band " + std::to_string(plans[idx].band) +
-                      ", graph " + std::to_string(plans[idx].graph_id) + "), or 0 for unlimited");
+                  ">= " + std::to_string(total) + " bytes to hold the graph of " + what + ", or 0 for unlimited");
 }
 
 StepResult Executor::step(const StepInputs& inputs) { return impl_->step(inputs, std::nullopt); }
@@ -785,9 +968,41 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
     report_bad_block(/*wait=*/false);
     EndStep end{backend.get()};
     backend->begin_step(stream);
-    const int band_len = validate(inputs);
+    const Lengths lens = validate(inputs);
+    const int band_len = lens.band_len;
     const int bucket = bucket_of_batch[inputs.num_seqs];
     const auto& e = cfg.band_edges;
+    if (band_mode == BandSelect::kDevice) {
+      // NOTE(graph): the bucket's graph reads the band off the staged lengths when it runs.
+      GraphSlot& slot = bucket_slots[bucket];
+      const BucketPlan& first = plans[static_cast<std::size_t>(bucket) * num_bands];
+      stage(inputs, first, band_len);
+      if (!bucket_measured(bucket)) {  // kMeasured: every band's candidates, on synthetic inputs
+        measure_bucket(bucket);
+        stage(inputs, first, band_len);  // this step's inputs again
+        r.measured = true;
+      }
+      if (!slot.graph) {
+        capture_slot(slot, "batch bucket " + std::to_string(bucket) + " (batch " + std::to_string(first.batch) +
+                               ", every band; BandSelect::kDevice)");
+        r.captured = true;
+      }
+      backend->launch(*slot.graph);
+      ++slot.stats.replays;
+      r.bucket = BucketIndex(bucket);
+      r.bucket_batch_size = first.batch;
+      r.band_on_device = true;
+      r.graph_id = bucket;
+      r.band = -1;
+      if (lens.max_len > 0) {  // the same choice the graph makes, from the same function
+        const int band = kernels::select_band(lens.max_len, e.data(), num_bands);
+        const BucketPlan& p = plans[static_cast<std::size_t>(bucket) * num_bands + band];
+        r.band = band;
+        r.band_hi = p.band_hi;
+        r.kernel = p.kernel;
+        r.partition_size = p.partition_size;
+      }
+    } else {
     const int band = static_cast<int>(std::lower_bound(e.begin(), e.end(), band_len) - e.begin());
     const std::size_t idx = static_cast<std::size_t>(bucket) * num_bands + band;
     const BucketPlan& plan = plans[idx];
@@ -810,6 +1025,7 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
     r.kernel = plan.kernel;
     r.partition_size = plan.partition_size;
     r.graph_id = plan.graph_id;
+    }
   } catch (...) {
     ++rejected;
     throw;
@@ -978,13 +1194,15 @@ void Executor::rebind_layers(std::vector<LayerBuffers> layers) {
   std::vector<LayerBuffers> old = std::exchange(m.layers, std::move(resolved));
   std::vector<std::pair<Impl::GraphSlot*, std::unique_ptr<detail::CapturedGraph>>> pending;
   try {
-    for (Impl::GraphSlot& slot : m.slots) {
-      if (!slot.graph) continue;
-      m.backend->begin_capture();
-      AbortCapture abort{m.backend.get()};
-      m.record(slot.plan);
-      abort.armed = false;
-      pending.emplace_back(&slot, m.backend->end_capture());
+    for (auto* list : {&m.slots, &m.bucket_slots}) {
+      for (Impl::GraphSlot& slot : *list) {
+        if (!slot.graph) continue;
+        m.backend->begin_capture();
+        AbortCapture abort{m.backend.get()};
+        m.record_slot(slot);
+        abort.armed = false;
+        pending.emplace_back(&slot, m.backend->end_capture());
+      }
     }
   } catch (...) {
     m.layers = std::move(old);
@@ -1027,6 +1245,16 @@ void Executor::capture_all() {
   // kMeasured stages synthetic inputs and replays: ordered like a step on the executor's stream.
   EndStep end{m.backend.get()};
   m.backend->begin_step(std::nullopt);
+  if (m.band_mode == BandSelect::kDevice) {
+    for (Impl::GraphSlot& slot : m.bucket_slots) {
+      const int b = slot.switch_bucket;
+      if (!m.bucket_measured(b)) m.measure_bucket(b);
+      if (!slot.graph)
+        m.capture_slot(slot, "batch bucket " + std::to_string(b) + " (batch " + std::to_string(slot.plan.batch) +
+                                 ", every band; BandSelect::kDevice)");
+    }
+    return;
+  }
   for (std::size_t i = 0; i < m.plans.size(); ++i) {
     if (m.plans[i].graph_id < 0) {
       m.stage_synthetic(m.plans[i]);
@@ -1039,6 +1267,7 @@ void Executor::capture_all() {
 // ---------------------------------------------------------------- accessors
 
 BackendKind Executor::backend() const { return impl_->backend->kind(); }
+BandSelect Executor::band_select() const { return impl_->band_mode; }
 const ExecutorConfig& Executor::config() const { return impl_->cfg; }
 const std::vector<BucketPlan>& Executor::plans() const { return impl_->plans; }
 
@@ -1077,8 +1306,41 @@ ExecutorStats Executor::stats() const {
     s.capture_ms += g.stats.capture_ms;
     s.instantiate_ms += g.stats.instantiate_ms;
   }
+  // kDevice: the branch counters live in executor memory; one read for all buckets.
+  std::vector<unsigned long long> counts;
+  bool any = false;
+  for (const Impl::GraphSlot& g : m.bucket_slots) any = any || g.stats.captures > 0;
+  if (any) {
+    counts.resize(m.bucket_slots.size() * m.num_bands);
+    if (!m.backend->read_for_stats(counts.data(), m.branch_counts, counts.size() * sizeof(unsigned long long)))
+      counts.clear();
+  }
+  for (const Impl::GraphSlot& g : m.bucket_slots) {
+    s.capture_ms += g.stats.capture_ms;
+    s.instantiate_ms += g.stats.instantiate_ms;
+    if (g.stats.captures == 0) continue;
+    GraphStats gs = g.stats;
+    gs.band_lo = g.plan.band_lo;
+    gs.band_hi = g.plan.band_hi;
+    gs.kernel = g.plan.kernel;
+    gs.partition_size = g.plan.partition_size;
+    std::set<int> distinct;
+    const std::size_t first = static_cast<std::size_t>(g.switch_bucket) * m.num_bands;
+    for (int band = 0; band < m.num_bands; ++band) {
+      const BucketPlan& p = m.plans[first + band];
+      distinct.insert(p.graph_id);
+      gs.band_kernels.push_back(p.kernel);
+      if (!counts.empty()) gs.band_replays.push_back(static_cast<long long>(counts[first + band]));
+    }
+    gs.branches = static_cast<int>(distinct.size());
+    s.graphs.push_back(std::move(gs));
+  }
+  s.band_select = m.band_mode;
+  s.band_select_note = m.band_note;
   s.buckets = static_cast<int>(m.plans.size());
-  s.distinct_graphs = static_cast<int>(m.slots.size());
+  s.distinct_plans = static_cast<int>(m.slots.size());
+  s.distinct_graphs = m.band_mode == BandSelect::kDevice ? static_cast<int>(m.bucket_slots.size())
+                                                         : static_cast<int>(m.slots.size());
   for (const BucketPlan& p : m.plans) s.undecided_buckets += p.graph_id < 0;
   s.steps = m.steps;
   s.rejected_steps = m.rejected;

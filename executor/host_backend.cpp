@@ -13,9 +13,16 @@
 // The append skips a slot past the cache, as the kernel does. host:: would throw instead, in the
 // middle of a replay; the host backend gives it a sanitised copy, so both backends compute the same
 // numbers and report the same way.
+//
+// Band choice in the graph (BandSelect::kDevice): the band-select node is a closure that runs
+// kernels::select_band (the kernel's own __host__ __device__ math) on the staged lengths when the
+// graph replays and stores the band in a cell the capture owns; each SWITCH node is a closure that
+// runs the branch that cell names. Identical branches of a node share one recorded node list.
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <map>
+#include <memory>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -39,8 +46,9 @@ using Node = std::function<void()>;
 
 class HostCaptured final : public CapturedGraph {
  public:
-  explicit HostCaptured(std::vector<Node> n) : nodes(std::move(n)) {}
+  HostCaptured(std::vector<Node> n, int count) : nodes(std::move(n)), node_count(count) {}
   std::vector<Node> nodes;
+  int node_count = 0;  // every node, branches included (identical branches counted per branch)
 };
 
 // Runs `run(args)` as the kernels would see the staged inputs (see the top of this file).
@@ -91,16 +99,20 @@ void run_with_device_semantics(const DecodeArgs& a, const Run& run) {
 
 class HostGraph final : public BackendGraph {
  public:
-  explicit HostGraph(std::vector<Node> nodes) : nodes_(std::move(nodes)) {}
-  int nodes() const override { return static_cast<int>(nodes_.size()); }
+  HostGraph(std::vector<Node> nodes, int count) : nodes_(std::move(nodes)), count_(count) {}
+  int nodes() const override { return count_; }
   std::size_t bytes() const override { return 0; }
   void run() const {
     for (const Node& n : nodes_) n();
   }
-  void replace(std::vector<Node> nodes) { nodes_ = std::move(nodes); }
+  void replace(std::vector<Node> nodes, int count) {
+    nodes_ = std::move(nodes);
+    count_ = count;
+  }
 
  private:
   std::vector<Node> nodes_;
+  int count_ = 0;
 };
 
 class HostBackend final : public Backend {
@@ -153,22 +165,26 @@ class HostBackend final : public Backend {
     if (capturing_) throw Error("host capture begin (twin of cudaStreamBeginCapture) failed: a capture is already active");
     if (fault::should_fail(fault::Site::kCaptureBegin))
       injected("host capture begin (twin of cudaStreamBeginCapture)", fault::Site::kCaptureBegin);
-    recorded_.clear();
+    reset_capture();
     capturing_ = true;
   }
   std::unique_ptr<CapturedGraph> end_capture() override {
     if (!capturing_) throw Error("host capture end (twin of cudaStreamEndCapture) failed: no capture is active");
     capturing_ = false;
+    const bool open_switch = switch_ != nullptr;
     std::vector<Node> nodes = std::move(recorded_);
-    recorded_.clear();
+    const int count = count_;
+    reset_capture();
+    if (open_switch) throw Error("host capture end (twin of cudaStreamEndCapture) failed: a SWITCH node is still open");
     if (fault::should_fail(fault::Site::kCaptureEnd))
       injected("host capture end (twin of cudaStreamEndCapture)", fault::Site::kCaptureEnd);
-    return std::make_unique<HostCaptured>(std::move(nodes));
+    return std::make_unique<HostCaptured>(std::move(nodes), count);
   }
   std::unique_ptr<BackendGraph> instantiate(CapturedGraph& captured) override {
     if (fault::should_fail(fault::Site::kInstantiate))
       injected("host instantiate (twin of cudaGraphInstantiate)", fault::Site::kInstantiate);
-    return std::make_unique<HostGraph>(std::move(static_cast<HostCaptured&>(captured).nodes));
+    auto& c = static_cast<HostCaptured&>(captured);
+    return std::make_unique<HostGraph>(std::move(c.nodes), c.node_count);
   }
   bool update(BackendGraph& exec, CapturedGraph& captured) override {
     // An update that fails falls back to re-instantiation, as on CUDA; for host graphs both amount
@@ -176,12 +192,13 @@ class HostBackend final : public Backend {
     const bool refused = fault::should_fail(fault::Site::kGraphUpdate);
     if (refused && fault::should_fail(fault::Site::kInstantiate))
       injected("host instantiate (twin of cudaGraphInstantiate, after a failed update)", fault::Site::kInstantiate);
-    static_cast<HostGraph&>(exec).replace(std::move(static_cast<HostCaptured&>(captured).nodes));
+    auto& c = static_cast<HostCaptured&>(captured);
+    static_cast<HostGraph&>(exec).replace(std::move(c.nodes), c.node_count);
     return !refused;
   }
   void abort_capture() noexcept override {
     capturing_ = false;
-    recorded_.clear();
+    reset_capture();
   }
   void launch(BackendGraph& g) override {
     if (capturing_) throw Error("host graph launch (twin of cudaGraphLaunch) failed: called during a capture");
@@ -237,6 +254,80 @@ class HostBackend final : public Backend {
     enqueue(std::move(fn));
   }
 
+  bool switch_supported(std::string&) override { return true; }
+  bool read_for_stats(void* dst, const void* src, std::size_t bytes) noexcept override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return true;
+  }
+
+  void band_select(const kernels::BandSelectParams& params) override {
+    if (!capturing_ || switch_) throw Error("host band select (twin of the band-select kernel): record it in a capture, outside SWITCH nodes");
+    auto cell = std::make_shared<int>(0);
+    band_ = cell;
+    // Only what the kernel reads is bound; the handle array is the CUDA backend's business.
+    const int32_t* lens = params.seq_lens;
+    const int batch = params.batch, num_edges = params.num_edges;
+    const int* edges = params.edges;
+    unsigned long long* counts = params.branch_counts;
+    int* band_out = params.band_out;
+    enqueue([=] {
+      check_kernel("host band select (twin of BandSelectKernel)");
+      const int band = kernels::select_band(kernels::longest_length(lens, batch), edges, num_edges);
+      *cell = band;
+      if (counts) counts[band] += 1;
+      if (band_out) *band_out = band;
+    });
+  }
+  void begin_switch(int branches) override {
+    if (!capturing_ || switch_) throw Error("host SWITCH node (twin of cudaGraphAddNode): no capture, or one already open");
+    if (!band_) throw Error("host SWITCH node (twin of cudaGraphAddNode): no band-select node before it in this capture");
+    if (++switches_ > kernels::kMaxSwitchHandles)
+      throw Error("host SWITCH node (twin of cudaGraphAddNode): more than " +
+                  std::to_string(kernels::kMaxSwitchHandles) + " in one graph");
+    switch_ = std::make_unique<OpenSwitch>();
+    switch_->branches.resize(static_cast<std::size_t>(branches));
+    switch_->counts.assign(static_cast<std::size_t>(branches), 0);
+  }
+  bool begin_branch(int branch, int key) override {
+    if (!switch_ || branch < 0 || branch >= static_cast<int>(switch_->branches.size()) || switch_->branch >= 0)
+      throw Error("host SWITCH branch: no open SWITCH node, a branch already open, or branch out of range");
+    switch_->branch = branch;
+    switch_->fresh = false;
+    if (auto it = switch_->by_key.find(key); it != switch_->by_key.end()) {
+      switch_->branches[branch] = switch_->branches[it->second];
+      switch_->counts[branch] = switch_->counts[it->second];
+      return false;
+    }
+    switch_->by_key.emplace(key, branch);
+    switch_->branches[branch] = std::make_shared<std::vector<Node>>();
+    saved_count_ = count_;
+    switch_->fresh = true;
+    return true;
+  }
+  void end_branch() override {
+    if (!switch_ || switch_->branch < 0) throw Error("host SWITCH branch end: no branch open");
+    const int b = switch_->branch;
+    if (switch_->fresh) {
+      // What was recorded since begin_branch went into this branch (see enqueue()).
+      switch_->counts[b] = count_ - saved_count_;
+      count_ = saved_count_;
+    }
+    switch_->branch = -1;
+  }
+  void end_switch() override {
+    if (!switch_ || switch_->branch >= 0) throw Error("host SWITCH node end: no SWITCH node open, or a branch still open");
+    std::unique_ptr<OpenSwitch> sw = std::move(switch_);
+    std::vector<std::shared_ptr<const std::vector<Node>>> branches(sw->branches.begin(), sw->branches.end());
+    for (int c : sw->counts) count_ += c;  // CUDA clones a shared branch into each body: count each
+    std::shared_ptr<const int> band = band_;
+    recorded_.push_back([band, branches] {
+      const int b = *band;
+      if (b < 0 || b >= static_cast<int>(branches.size())) return;  // as CUDA: no branch runs
+      for (const Node& n : *branches[b]) n();
+    });
+    ++count_;
+  }
+
  private:
   static void check_kernel(const char* name) {
     if (fault::should_fail(fault::Site::kKernelLaunch))
@@ -250,16 +341,39 @@ class HostBackend final : public Backend {
     std::memset(p, 0, n);
     return p;
   }
-  // Outside a capture an op runs at once (eager); inside, it is recorded.
+  // Outside a capture an op runs at once (eager); inside, it is recorded, into the open branch of a
+  // SWITCH node when there is one.
   void enqueue(Node n) {
-    if (capturing_)
-      recorded_.push_back(std::move(n));
-    else
+    if (!capturing_) {
       n();
+      return;
+    }
+    if (switch_ && switch_->branch >= 0)
+      switch_->branches[switch_->branch]->push_back(std::move(n));
+    else
+      recorded_.push_back(std::move(n));
+    ++count_;
   }
+  void reset_capture() noexcept {
+    recorded_.clear();
+    switch_.reset();
+    band_.reset();
+    count_ = saved_count_ = switches_ = 0;
+  }
+
+  struct OpenSwitch {
+    std::vector<std::shared_ptr<std::vector<Node>>> branches;
+    std::vector<int> counts;       // nodes of each branch
+    std::map<int, int> by_key;     // branch key -> the first branch recorded with it
+    int branch = -1;               // the branch being recorded
+    bool fresh = false;            // ... and it is recorded anew (not a reused one)
+  };
 
   bool capturing_ = false;
   std::vector<Node> recorded_;
+  int count_ = 0, saved_count_ = 0, switches_ = 0;
+  std::shared_ptr<int> band_;  // the capture's band-select cell
+  std::unique_ptr<OpenSwitch> switch_;
 };
 
 }  // namespace

@@ -42,6 +42,14 @@ const char* to_string(KernelPolicy policy) {
   return "unknown";
 }
 
+const char* to_string(BandSelect mode) {
+  switch (mode) {
+    case BandSelect::kHost: return "host";
+    case BandSelect::kDevice: return "device";
+  }
+  return "unknown";
+}
+
 KernelPolicy parse_kernel_policy(const std::string& name) {
   if (name == "auto") return KernelPolicy::kAuto;
   if (name == "threshold") return KernelPolicy::kThreshold;
@@ -197,6 +205,8 @@ ExecutorConfig resolve_planning(ExecutorConfig c) {
               c.policy == KernelPolicy::kMeasured,
           "policy", static_cast<int>(c.policy), "kAuto, kThreshold or kMeasured");
   check_device_model(c.device_model, "the device's, or the host model's");
+  require(c.band_select == BandSelect::kHost || c.band_select == BandSelect::kDevice, "band_select",
+          static_cast<int>(c.band_select), "kHost or kDevice");
   require(c.measure_replays >= 1 && c.measure_replays <= 1000, "measure_replays", c.measure_replays,
           "1..1000");
   return c;

@@ -7,18 +7,33 @@
 // static buffers every step shares are never rewritten under a running graph. On a caller's stream
 // done_ is recorded at the end of each step; on the own stream it is recorded only when needed (a
 // stream change, a sync point), which keeps the default path at the API calls it had.
+//
+// Band choice in the graph (BandSelect::kDevice): band_select() launches the band-select kernel into
+// the capture and remembers its node; each begin_switch() creates a conditional handle on the
+// captured graph and adds a SWITCH node after the current capture dependencies
+// (cudaStreamGetCaptureInfo, cudaGraphAddNode, cudaStreamUpdateCaptureDependencies). A branch is
+// recorded by capturing a second stream into the node's body graph (cudaStreamBeginCaptureToGraph);
+// a branch whose launches equal an earlier branch's is a child-graph node cloned from that body
+// (the driver copies a child graph, so it is captured once but still instantiated per branch).
+// When the capture ends, the handles are written into the band-select node's parameters, so one
+// kernel sets every SWITCH node of the graph. One handle per node: the API documents a handle as
+// belonging to one conditional node, so sharing one is not relied upon.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "decodegraph/error.hpp"
 #include "decodegraph/fault.hpp"
 #include "executor/backend.hpp"
 #include "graphs/graph.hpp"
+#include "kernels/band_select.cuh"
 #include "kernels/cuda_check.hpp"
 #include "kernels/occupancy.hpp"
 
@@ -29,20 +44,32 @@ namespace {
 
 class CudaCaptured final : public CapturedGraph {
  public:
-  explicit CudaCaptured(graphs::Graph g) : graph(std::move(g)) {}
+  CudaCaptured(graphs::Graph g, int branch) : graph(std::move(g)), branch_nodes(branch) {}
   graphs::Graph graph;
+  int branch_nodes = 0;  // nodes inside SWITCH bodies (cudaGraphGetNodes counts the top level only)
 };
+
+// Nodes of a (body) graph; 0 if the driver cannot say.
+int count_nodes(cudaGraph_t g) {
+  std::size_t n = 0;
+  if (cudaGraphGetNodes(g, nullptr, &n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int>(n);
+}
 
 class CudaGraph final : public BackendGraph {
  public:
-  CudaGraph(graphs::Graph g, graphs::GraphExec e) : graph_(std::move(g)), exec_(std::move(e)), nodes_(graph_.nodes()) {}
+  CudaGraph(graphs::Graph g, graphs::GraphExec e, int branch_nodes)
+      : graph_(std::move(g)), exec_(std::move(e)), nodes_(graph_.nodes() + branch_nodes) {}
   int nodes() const override { return nodes_; }
   std::size_t bytes() const override { return graphs::estimate_graph_bytes(nodes_); }
   void launch(cudaStream_t s) const { exec_.launch(s); }
   /// True when updated in place; on a failed re-instantiation exec_ keeps the old graph.
-  bool update(graphs::Graph g) {
+  bool update(graphs::Graph g, int branch_nodes) {
     const bool in_place = exec_.update(g);
-    nodes_ = g.nodes();
+    nodes_ = g.nodes() + branch_nodes;
     graph_ = std::move(g);
     return in_place;
   }
@@ -60,7 +87,8 @@ class CudaBackend final : public Backend {
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
     DG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     cur_ = last_ = stream_;
-    cudaError_t err = cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming);
+    cudaError_t err = cudaStreamCreateWithFlags(&branch_stream_, cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
     if (err == cudaSuccess) err = cudaEventCreate(&timing_[0]);
     if (err == cudaSuccess) err = cudaEventCreate(&timing_[1]);
@@ -198,17 +226,42 @@ class CudaBackend final : public Backend {
     scope_.emplace(stream_);
   }
   std::unique_ptr<CapturedGraph> end_capture() override {
-    return std::make_unique<CudaCaptured>(take_graph());
+    const bool open_switch = sw_.active;
+    const int branch_nodes = branch_nodes_;
+    const BandSelectNode bs = std::move(bs_);
+    reset_switch_state();
+    graphs::Graph g = take_graph();
+    if (open_switch) throw Error("cudaStreamEndCapture: a SWITCH node of the capture is still open");
+    if (bs.node && bs.params.num_handles > 0) {
+      // NOTE(graph): the band-select node sets every SWITCH handle created in this capture.
+      cudaKernelNodeParams kp{};
+      DG_CUDA_CHECK(cudaGraphKernelNodeGetParams(bs.node, &kp));
+      kernels::BandSelectParams params = bs.params;
+      void* args[] = {&params};
+      kp.kernelParams = args;
+      kp.extra = nullptr;
+      DG_CUDA_CHECK(cudaGraphKernelNodeSetParams(bs.node, &kp));
+    }
+    return std::make_unique<CudaCaptured>(std::move(g), branch_nodes);
   }
   std::unique_ptr<BackendGraph> instantiate(CapturedGraph& captured) override {
-    graphs::Graph& g = static_cast<CudaCaptured&>(captured).graph;
-    graphs::GraphExec e = graphs::GraphExec::instantiate(g);
-    return std::make_unique<CudaGraph>(std::move(g), std::move(e));
+    auto& c = static_cast<CudaCaptured&>(captured);
+    graphs::GraphExec e = graphs::GraphExec::instantiate(c.graph);
+    return std::make_unique<CudaGraph>(std::move(c.graph), std::move(e), c.branch_nodes);
   }
   bool update(BackendGraph& exec, CapturedGraph& captured) override {
-    return static_cast<CudaGraph&>(exec).update(std::move(static_cast<CudaCaptured&>(captured).graph));
+    auto& c = static_cast<CudaCaptured&>(captured);
+    return static_cast<CudaGraph&>(exec).update(std::move(c.graph), c.branch_nodes);
   }
-  void abort_capture() noexcept override { scope_.reset(); }
+  void abort_capture() noexcept override {
+    if (sw_.active && sw_.branch >= 0 && sw_.fresh) {  // a branch capture is open on branch_stream_
+      cudaGraph_t g = nullptr;
+      (void)cudaStreamEndCapture(branch_stream_, &g);  // g is the SWITCH node's body: not ours to destroy
+      (void)cudaGetLastError();
+    }
+    reset_switch_state();
+    scope_.reset();
+  }
   void launch(BackendGraph& g) override { static_cast<CudaGraph&>(g).launch(cur_); }
   double time_replays(BackendGraph& g, int replays) override {
     // Never inside a capture: event timing and the synchronisation below are not capturable.
@@ -229,16 +282,116 @@ class CudaBackend final : public Backend {
   }
 
   // The eager launchers are capturable and check kKernelLaunch and cudaGetLastError themselves.
-  void attention_v1(const DecodeArgs& args) override { paged_attention_v1(args, stream_); }
+  // They go to the stream being captured: the own stream, or the branch stream inside a SWITCH branch.
+  void attention_v1(const DecodeArgs& args) override { paged_attention_v1(args, rec()); }
   void attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
                     std::size_t workspace_bytes) override {
-    paged_attention_v2(args, partition_size, workspace, workspace_bytes, stream_);
+    paged_attention_v2(args, partition_size, workspace, workspace_bytes, rec());
   }
-  void append(const AppendArgs& args) override { append_kv(args, stream_); }
+  void append(const AppendArgs& args) override { append_kv(args, rec()); }
   // Recorded into the graph: pinned destination, so it is a memcpy node, not a pageable copy.
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
     if (fault::should_fail(fault::Site::kMemcpy)) injected("cudaMemcpyAsync", fault::Site::kMemcpy);
-    DG_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    DG_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, rec()));
+  }
+
+  // ------------------------------------------------------------ SWITCH nodes
+  bool switch_supported(std::string& why) override {
+    static std::mutex mutex;
+    static std::optional<std::pair<bool, std::string>> probed;  // once per process
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!probed) probed = probe_switch();
+    why = probed->second;
+    return probed->first;
+  }
+  void band_select(const kernels::BandSelectParams& p) override {
+    if (!scope_ || sw_.active) throw Error("band select: record it in a capture, outside SWITCH nodes");
+    kernels::BandSelectParams params = p;
+    params.num_handles = 0;  // filled in at end_capture
+    kernels::launch_band_select(params, stream_);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    cudaGraph_t graph = nullptr;
+    const cudaGraphNode_t* deps = nullptr;
+    std::size_t ndeps = 0;
+    DG_CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &graph, &deps, nullptr, &ndeps));
+    if (status != cudaStreamCaptureStatusActive || ndeps != 1)
+      throw Error("band select: the kernel node is not the capture's only dependency (" + std::to_string(ndeps) + ")");
+    bs_.node = deps[0];
+    bs_.params = params;
+    graph_ = graph;
+  }
+  void begin_switch(int branches) override {
+    if (!scope_ || sw_.active) throw Error("SWITCH node: no capture, or one already open");
+    if (!bs_.node) throw Error("SWITCH node: no band-select node before it in this capture");
+    if (bs_.params.num_handles >= kernels::kMaxSwitchHandles)
+      throw Error("SWITCH node: more than " + std::to_string(kernels::kMaxSwitchHandles) + " in one graph");
+    cudaGraphConditionalHandle handle = 0;
+    DG_CUDA_CHECK(cudaGraphConditionalHandleCreate(&handle, graph_, 0, 0));
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaGraphNode_t* deps = nullptr;
+    const cudaGraphEdgeData* edges = nullptr;
+    std::size_t ndeps = 0;
+    DG_CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &status, nullptr, nullptr, &deps, &edges, &ndeps));
+    cudaGraphNodeParams params{};
+    params.type = cudaGraphNodeTypeConditional;
+    params.conditional.handle = handle;
+    params.conditional.type = cudaGraphCondTypeSwitch;
+    params.conditional.size = static_cast<unsigned>(branches);
+    cudaGraphNode_t node = nullptr;
+    DG_CUDA_CHECK(cudaGraphAddNode(&node, graph_, deps, edges, ndeps, &params));
+    // NOTE(graph): what the capture records next (later layers, the flag copy) runs after the node.
+    DG_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(stream_, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
+    bs_.params.handles[bs_.params.num_handles++] = handle;
+    sw_.active = true;
+    sw_.bodies.assign(params.conditional.phGraph_out, params.conditional.phGraph_out + branches);
+    sw_.by_key.clear();
+    sw_.branch = -1;
+  }
+  bool begin_branch(int branch, int key) override {
+    if (!sw_.active || sw_.branch >= 0 || branch < 0 || branch >= static_cast<int>(sw_.bodies.size()))
+      throw Error("SWITCH branch: no open SWITCH node, a branch already open, or branch out of range");
+    sw_.branch = branch;
+    sw_.fresh = false;
+    if (auto it = sw_.by_key.find(key); it != sw_.by_key.end()) {
+      cudaGraphNode_t child = nullptr;
+      DG_CUDA_CHECK(cudaGraphAddChildGraphNode(&child, sw_.bodies[branch], nullptr, 0, sw_.bodies[it->second]));
+      branch_nodes_ += 1 + count_nodes(sw_.bodies[it->second]);
+      return false;
+    }
+    sw_.by_key.emplace(key, branch);
+    DG_CUDA_CHECK(cudaStreamBeginCaptureToGraph(branch_stream_, sw_.bodies[branch], nullptr, nullptr, 0,
+                                                cudaStreamCaptureModeThreadLocal));
+    sw_.fresh = true;
+    return true;
+  }
+  void end_branch() override {
+    if (!sw_.active || sw_.branch < 0) throw Error("SWITCH branch end: no branch open");
+    const int b = sw_.branch;
+    const bool fresh = sw_.fresh;
+    sw_.branch = -1;
+    sw_.fresh = false;
+    if (fresh) {
+      cudaGraph_t g = nullptr;
+      DG_CUDA_CHECK(cudaStreamEndCapture(branch_stream_, &g));  // g == the body: owned by the node
+      branch_nodes_ += count_nodes(sw_.bodies[b]);
+    }
+  }
+  void end_switch() override {
+    if (!sw_.active || sw_.branch >= 0) throw Error("SWITCH node end: no SWITCH node open, or a branch still open");
+    sw_ = {};
+  }
+  bool read_for_stats(void* dst, const void* src, std::size_t bytes) noexcept override {
+    try {
+      wait_last_step();
+    } catch (...) {
+      return false;
+    }
+    if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_) != cudaSuccess ||
+        cudaStreamSynchronize(stream_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return true;
   }
   void host_work(std::function<void()>) override {
     throw_invalid("StepContext::enqueue_host backend", "cuda", "host (on cuda, launch your work on stream())");
@@ -253,6 +406,60 @@ class CudaBackend final : public Backend {
       ~Reset() { s.reset(); }
     } reset{scope_};
     return scope_->end();
+  }
+
+  // The stream ops are recorded on: the branch stream while a SWITCH branch is being captured.
+  cudaStream_t rec() const { return sw_.active && sw_.fresh ? branch_stream_ : stream_; }
+
+  void reset_switch_state() noexcept {
+    sw_ = {};
+    bs_ = {};
+    graph_ = nullptr;
+    branch_nodes_ = 0;
+  }
+
+  // Driver and runtime versions, then a graph with a SWITCH node (an empty node in each body) that
+  // must instantiate. Outside any capture; every error is cleared and reported, never thrown.
+  static std::pair<bool, std::string> probe_switch() noexcept {
+    int drv = 0, rt = 0;
+    if (cudaDriverGetVersion(&drv) != cudaSuccess || cudaRuntimeGetVersion(&rt) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {false, "cudaDriverGetVersion / cudaRuntimeGetVersion failed"};
+    }
+    auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+    if (drv < 12080 || rt < 12080)
+      return {false, "driver " + version(drv) + ", runtime " + version(rt) + "; SWITCH nodes need 12.8 or newer"};
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t e = nullptr;
+    std::string failed;
+    auto step = [&](cudaError_t err, const char* call) {
+      if (err == cudaSuccess || !failed.empty()) return err == cudaSuccess && failed.empty();
+      failed = std::string("probe: ") + call + " returned " + cudaGetErrorName(err);
+      (void)cudaGetLastError();
+      return false;
+    };
+    if (step(cudaGraphCreate(&g, 0), "cudaGraphCreate")) {
+      cudaGraphConditionalHandle h = 0;
+      cudaGraphNodeParams p{};
+      cudaGraphNode_t n = nullptr;
+      if (step(cudaGraphConditionalHandleCreate(&h, g, 0, 0), "cudaGraphConditionalHandleCreate")) {
+        p.type = cudaGraphNodeTypeConditional;
+        p.conditional.handle = h;
+        p.conditional.type = cudaGraphCondTypeSwitch;
+        p.conditional.size = 2;
+        if (step(cudaGraphAddNode(&n, g, nullptr, nullptr, 0, &p), "cudaGraphAddNode(SWITCH)")) {
+          for (int i = 0; i < 2; ++i) {
+            cudaGraphNode_t empty = nullptr;
+            step(cudaGraphAddEmptyNode(&empty, p.conditional.phGraph_out[i], nullptr, 0), "cudaGraphAddEmptyNode");
+          }
+          step(cudaGraphInstantiate(&e, g, 0), "cudaGraphInstantiate");
+        }
+      }
+    }
+    if (e) (void)cudaGraphExecDestroy(e);
+    if (g) (void)cudaGraphDestroy(g);
+    if (!failed.empty()) return {false, failed};
+    return {true, ""};
   }
 
   // Waits for the last step on whichever stream it ran (an event: the caller may have destroyed
@@ -283,6 +490,7 @@ class CudaBackend final : public Backend {
       if (e) cudaEventDestroy(e);
     if (staged_) cudaEventDestroy(staged_);
     if (done_) cudaEventDestroy(done_);
+    if (branch_stream_) cudaStreamDestroy(branch_stream_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -296,6 +504,24 @@ class CudaBackend final : public Backend {
   PFN_cuMemGetAddressRange_v3020 get_range_ = nullptr;
   cudaEvent_t timing_[2] = {nullptr, nullptr};  // kMeasured: around the timed replays
   std::optional<graphs::CaptureScope> scope_;
+
+  // kDevice capture state (reset when a capture ends or is aborted).
+  struct BandSelectNode {
+    cudaGraphNode_t node = nullptr;
+    kernels::BandSelectParams params;
+  };
+  struct OpenSwitch {
+    bool active = false;
+    std::vector<cudaGraph_t> bodies;  // owned by the SWITCH node
+    std::map<int, int> by_key;        // branch key -> the first branch recorded with it
+    int branch = -1;
+    bool fresh = false;               // the open branch is being captured on branch_stream_
+  };
+  cudaStream_t branch_stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;  // the graph being captured (cudaStreamGetCaptureInfo)
+  BandSelectNode bs_;
+  OpenSwitch sw_;
+  int branch_nodes_ = 0;
 };
 
 }  // namespace

@@ -69,9 +69,25 @@ enum class MemorySpace : int { kHost = 0, kDevice = 1 };
 ///              first captured and keeps the fastest; the plan records each candidate's time.
 enum class KernelPolicy : int { kAuto = 0, kThreshold = 1, kMeasured = 2 };
 
+/// Where a step's band is chosen (docs/executor.md, "Band choice: kHost and kDevice").
+///  kHost:   step() finds the longest length on the host (copying device-resident seq_lens back,
+///           synchronously, unless a max_seq_len hint is given) and replays the graph of that
+///           (batch bucket, band) plan: one graph per distinct plan.
+///  kDevice: one graph per batch bucket. A band-select kernel in the graph reduces the staged
+///           lengths to their maximum, finds its band and sets one CUDA SWITCH node per attention
+///           call, whose branch i holds exactly band i's launches (V1, or V2 pass 1 + merge).
+///           Device-resident inputs need neither a host copy nor a hint. Needs conditional SWITCH
+///           nodes (CUDA driver and runtime >= 12.8): checked at construction with the versions and
+///           a one-time probe graph; where unsupported the executor falls back to kHost with one
+///           log line (stats().band_select_note says why), never an error. The host backend models
+///           the same graph: the branch follows the staged data when the graph replays.
+/// A step body under kDevice may call attention() at most 256 times per graph (one SWITCH node each).
+enum class BandSelect : int { kHost = 0, kDevice = 1 };
+
 const char* to_string(BackendKind kind);
 const char* to_string(CapturePolicy policy);
 const char* to_string(KernelPolicy policy);
+const char* to_string(BandSelect mode);
 /// Parses "auto", "threshold" or "measured"; throws Error otherwise.
 KernelPolicy parse_kernel_policy(const std::string& name);
 
@@ -216,6 +232,11 @@ struct ExecutorConfig {
   /// kMeasured test hook: when set, a candidate's microseconds per replay are what this returns,
   /// instead of the time its replays took (they still run). Makes measured plans deterministic.
   std::function<double(const BucketPlan& bucket, const PlanCandidate& candidate)> measure_clock;
+  /// Where each step's band is chosen; kDevice falls back to kHost where SWITCH nodes are missing.
+  BandSelect band_select = BandSelect::kDevice;
+  /// Test hook: when set, its result replaces the one-time SWITCH-node probe's (false: behave as a
+  /// driver without conditional nodes, so kDevice falls back to kHost).
+  std::function<bool()> switch_probe;
 
   CapturePolicy capture = CapturePolicy::kLazy;
   BackendKind backend = BackendKind::kAuto;
@@ -273,13 +294,19 @@ struct HostStaging {
 struct StepResult {
   BucketIndex bucket{0};      // index of the batch bucket (plan_for(result) finds the plan)
   int bucket_batch_size = 0;  // that bucket's batch size: num_seqs rounded up to a bucket
+  /// The band index, when known on the host: always under kHost; under kDevice when step() read
+  /// the lengths (host inputs, or kFull), else -1 and band_hi, kernel and partition_size are not
+  /// known either (0, kV1, 0): the graph chose the branch on the device.
   int band = 0;
   int band_hi = 0;
   KernelKind kernel = KernelKind::kV1;
   int partition_size = 0;
+  bool band_on_device = false;  // kDevice: the replayed graph chose the band itself
   bool captured = false;  // this step captured (and instantiated) the bucket's graph
   bool measured = false;  // this step timed the bucket's candidates (kMeasured)
-  int graph_id = -1;      // the graph it replayed
+  /// The graph it replayed (ExecutorStats::graphs[].graph_id). kDevice: the batch bucket's graph,
+  /// numbered by bucket index, not the plan's graph_id (which there names the branch).
+  int graph_id = -1;
 };
 
 class Executor;
@@ -340,12 +367,26 @@ struct GraphStats {
   double instantiate_ms = 0;
   double measure_ms = 0;  // kMeasured: timing the candidates of the buckets that chose this graph
   std::size_t bytes = 0;  // graph memory (CUDA estimate; 0 on host)
+  /// kDevice: the graph of a whole batch bucket (bands band..last_band are the branches of its
+  /// SWITCH nodes; kernel and partition_size are those of the longest band).
+  bool switch_graph = false;
+  int branches = 0;  // kDevice: distinct branches per SWITCH node (identical bands share one)
+  /// kDevice: executions of each band's branch (index band - this.band), counted by the band-select
+  /// kernel in executor memory and read by stats() (which waits for the last step); empty if that
+  /// read failed.
+  std::vector<long long> band_replays;
+  std::vector<KernelKind> band_kernels;  // kDevice: each band's kernel
 };
 
 struct ExecutorStats {
   std::vector<GraphStats> graphs;  // one per captured graph
+  BandSelect band_select = BandSelect::kHost;  // the mode in effect (after any fallback)
+  std::string band_select_note;  // why kDevice fell back to kHost; empty otherwise
   int buckets = 0;           // batch buckets x bands
-  int distinct_graphs = 0;   // graphs the decided plans need (each captured at most once)
+  /// Graphs the mode needs (each captured at most once): kHost, one per distinct decided plan;
+  /// kDevice, one per batch bucket.
+  int distinct_graphs = 0;
+  int distinct_plans = 0;    // distinct launch sequences (kHost's graphs, kDevice's distinct branches)
   int undecided_buckets = 0; // kMeasured: buckets not yet measured (their graph is not known yet)
   long long steps = 0;
   long long rejected_steps = 0;
@@ -365,6 +406,7 @@ struct ExecutorStats {
   /// are not copied. The DMA to the device is not counted.
   long long staging_copy_bytes = 0;
   long long bad_block_reports = 0;  // invalid block ids reported (each one InvalidArgument)
+  /// Replays of `kind`'s launches: kHost graphs by their kernel, kDevice graphs by branch execution.
   long long replays(KernelKind kind) const;
 };
 
@@ -418,6 +460,8 @@ class Executor {
   void capture_all();
 
   BackendKind backend() const;
+  /// The band choice in effect: config().band_select, or kHost after a fallback.
+  BandSelect band_select() const;
   const ExecutorConfig& config() const;
   /// Every bucket's plan, bucket-major (index = bucket * bands + band). kMeasured plans are final once
   /// their bucket has been captured.

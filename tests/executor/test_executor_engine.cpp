@@ -362,6 +362,7 @@ TEST(MaxSeqLenHint, DeviceInputsWithAHintAreNeverReadBack) {
   World w(spec(DType::kBFloat16), 1, 8, 4096, 61);
   ExecutorConfig c = w.config(8, 4096);  // bands 512 1024 2048 4096
   c.validation = ValidationLevel::kCheap;
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c);
   for (int k = 0; k < 4; ++k) {
     w.set_lens({1 + 300 * k, 17, 200});

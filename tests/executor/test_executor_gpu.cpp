@@ -346,7 +346,9 @@ TEST(ExecutorGpu, RebindUpdatesTheGraphsInPlace) {
   DG_REQUIRE_GPU();
 #if DECODEGRAPH_HAS_CUDA
   GpuWorld g(gpu_spec(), 1, 4, 4096, 149);
-  Executor ex(g.config(4, 4096));
+  ExecutorConfig c = g.config(4, 4096);
+  c.band_select = BandSelect::kHost;  // plain kernel nodes: cudaGraphExecUpdate must take them in place
+  Executor ex(c);
   for (const std::vector<int>& lens : {std::vector<int>{100, 300}, std::vector<int>{3000, 4096, 7}}) {
     g.w.set_lens(lens);
     g.write_q(ex);
@@ -360,6 +362,115 @@ TEST(ExecutorGpu, RebindUpdatesTheGraphsInPlace) {
   EXPECT_EQ(st.graph_reinstantiations, 0);
   EXPECT_EQ(st.total_captures, 2);
   other.w.set_lens({3000, 4096, 7});
+  const auto qs = other.write_q(ex);
+  EXPECT_FALSE(ex.step(other.w.inputs()).captured);
+  CK(cudaStreamSynchronize(ex.stream()));
+  EXPECT_TRUE(other.check(ex, 0, qs[0].data()));
+#endif
+}
+
+// ---------------------------------------------------------------- BandSelect::kDevice (issue 12)
+
+#if DECODEGRAPH_HAS_CUDA
+// Skips (with the reason) where the driver or runtime has no SWITCH nodes: the fallback is tested
+// on the host backend.
+#define DG_REQUIRE_SWITCH(ex)                                                                       \
+  do {                                                                                              \
+    if ((ex).band_select() != BandSelect::kDevice)                                                  \
+      GTEST_SKIP() << "conditional SWITCH nodes unavailable: " << (ex).stats().band_select_note;   \
+  } while (0)
+#endif
+
+// One SWITCH graph for the bucket replays V1 up to 8192 and V2 above as the lengths grow from 8000
+// to 8400, without recapture, bitwise equal to the kHost executor's graphs on the same inputs.
+TEST(ExecutorGpu, SwitchGraphMatchesKHostBitwiseAcrossThe8192Crossing) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  GpuWorld g(gpu_spec(), 1, 2, 8448, 163);
+  ExecutorConfig c = g.config(2, 8448);
+  c.policy = KernelPolicy::kThreshold;
+  c.band_select = BandSelect::kDevice;
+  Executor dev(c);
+  DG_REQUIRE_SWITCH(dev);
+  c.band_select = BandSelect::kHost;
+  Executor host(c);
+  const std::size_t qb = g.w.q_elems(2) * dtype_size(g.w.spec.dtype);
+  std::vector<char> out_dev(qb), out_host(qb);
+  long long v1 = 0, v2 = 0;
+  for (int len = 8000; len <= 8400; len += 25) {
+    g.w.set_lens({len, len - 37});
+    const auto qs = g.write_q(dev);
+    CK(cudaMemcpy(host.query(0), qs[0].data(), qb, cudaMemcpyHostToDevice));
+    const StepResult rd = dev.step(g.w.inputs());
+    host.step(g.w.inputs());
+    ASSERT_EQ(rd.kernel, len <= 8192 ? KernelKind::kV1 : KernelKind::kV2) << len;
+    (len <= 8192 ? v1 : v2) += 1;
+    CK(cudaStreamSynchronize(dev.stream()));
+    CK(cudaStreamSynchronize(host.stream()));
+    CK(cudaMemcpy(out_dev.data(), dev.output(0), qb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(out_host.data(), host.output(0), qb, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::memcmp(out_dev.data(), out_host.data(), qb), 0) << "len " << len;
+    if (len % 100 == 0) EXPECT_TRUE(g.check(dev, 0, qs[0].data())) << "len " << len;
+  }
+  const ExecutorStats st = dev.stats();
+  EXPECT_EQ(st.total_captures, 1);
+  EXPECT_EQ(st.replays(KernelKind::kV1), v1) << "branch counters read back from the device";
+  EXPECT_EQ(st.replays(KernelKind::kV2), v2);
+#endif
+}
+
+// Device-resident lengths with no hint: nothing is read back, the graph picks the band.
+TEST(ExecutorGpu, SwitchGraphNeedsNoHintForDeviceInputs) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  GpuWorld g(gpu_spec(), 1, 8, 4096, 167);
+  ExecutorConfig c = g.config(8, 4096);
+  c.validation = ValidationLevel::kCheap;
+  Executor ex(c);
+  DG_REQUIRE_SWITCH(ex);
+  DevBuf dl(8 * 4), dt(g.w.tables.size() * 4 + 8 * 4 * g.w.stride);
+  for (const std::vector<int>& lens : {std::vector<int>{4000, 1, 17, 2049, 700}, std::vector<int>{3, 600, 90, 513, 40}}) {
+    g.w.set_lens(lens);
+    const auto qs = g.write_q(ex);
+    CK(cudaMemcpy(dl.p, g.w.lens.data(), g.w.lens.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dt.p, g.w.tables.data(), g.w.tables.size() * 4, cudaMemcpyHostToDevice));
+    StepInputs in = g.w.inputs();
+    in.space = MemorySpace::kDevice;
+    in.seq_lens = static_cast<const int32_t*>(dl.p);
+    in.block_tables = static_cast<const int32_t*>(dt.p);
+    in.slot_mapping = nullptr;
+    const StepResult r = ex.step(in);
+    EXPECT_TRUE(r.band_on_device);
+    CK(cudaStreamSynchronize(ex.stream()));
+    EXPECT_TRUE(g.check(ex, 0, qs[0].data()));
+  }
+  const ExecutorStats st = ex.stats();
+  EXPECT_EQ(st.input_downloads, 0);
+  EXPECT_EQ(st.total_captures, 1);
+  ASSERT_EQ(st.graphs.size(), 1u);
+  ASSERT_EQ(st.graphs[0].band_replays.size(), 4u);  // bands 512 1024 2048 4096
+  EXPECT_EQ(st.graphs[0].band_replays[3], 1);
+  EXPECT_EQ(st.graphs[0].band_replays[1], 1);
+#endif
+}
+
+// rebind_layers under kDevice: the SWITCH graph is updated in place or re-instantiated (whichever
+// the driver allows for conditional nodes), and reads the new caches.
+TEST(ExecutorGpu, SwitchGraphRebindsToNewCaches) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  GpuWorld g(gpu_spec(), 1, 4, 4096, 173);
+  Executor ex(g.config(4, 4096));
+  DG_REQUIRE_SWITCH(ex);
+  g.w.set_lens({3000, 20});
+  g.write_q(ex);
+  ex.step(g.w.inputs());
+  CK(cudaStreamSynchronize(ex.stream()));
+  GpuWorld other(gpu_spec(), 1, 4, 4096, 179);
+  ex.rebind_layers({LayerBuffers{other.k[0]->p, other.v[0]->p}});
+  const ExecutorStats st = ex.stats();
+  EXPECT_EQ(st.graph_updates + st.graph_reinstantiations, 1);
+  other.w.set_lens({100, 4096});
   const auto qs = other.write_q(ex);
   EXPECT_FALSE(ex.step(other.w.inputs()).captured);
   CK(cudaStreamSynchronize(ex.stream()));

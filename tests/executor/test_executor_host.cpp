@@ -135,6 +135,7 @@ TEST(ExecutorHost, GrowingFrom8000To8400ReplaysV1UpTo8192ThenV2) {
   World w(s, 1, 2, max_len, 3);
   ExecutorConfig c = w.config(2, max_len);  // default bands: ..., 4096, 8192, 8448; threshold 8192
   c.policy = KernelPolicy::kThreshold;
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c);
   ASSERT_EQ(ex.config().band_edges.back(), 8448);
   long long v1 = 0, v2 = 0;
@@ -174,6 +175,7 @@ TEST_P(PolicyAcrossThreshold, MatchesTheReference) {
   ExecutorConfig c = w.config(17, max_len);  // bands ..., 4096, 8192, 8448; buckets 1 2 4 8 16 17
   c.policy = policy;
   c.measure_replays = 1;  // the host replays are CPU attention: keep kMeasured's timing short
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c);
   for (int len : {8191, 8192, 8193}) {
     std::vector<int> lens = random_lens(w.rng, batch, 1, len);
@@ -228,6 +230,7 @@ TEST(ExecutorHost, MeasuredKeepsTheFastestCandidateAndRecordsEveryTime) {
     EXPECT_EQ(b.batch, 4);
     return by_candidate(b, cand, 50.0, 30.0, 20.0, 10.0, 256);  // twice kAuto's P is fastest
   };
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c);
   w.set_lens({3000, 4000, 2500});
   w.fill_step(ex);
@@ -272,6 +275,7 @@ TEST(ExecutorHost, MeasuredBucketsWithTheSameLaunchShareAGraph) {
   c.measure_clock = [](const BucketPlan& b, const PlanCandidate& cand) {
     return by_candidate(b, cand, 1.0, 2.0, 3.0, 4.0, -1);  // V1 fastest
   };
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c);
   int graph = -1;
   for (int len : {300, 900, 1500}) {  // three bands of batch bucket 4
@@ -373,6 +377,7 @@ TEST(ExecutorHost, SharedGraphCapturesTheBodyOnceWithThePlanSpanningItsBuckets) 
   c.v2_threshold = 1024;
   c.policy = KernelPolicy::kThreshold;  // bands 0 and 1 run V1: one launch, sized for 1024
   std::vector<BucketPlan> seen;
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c, [&](StepContext& ctx) {
     seen.push_back(ctx.plan());
     ctx.append_kv(0);
@@ -501,7 +506,9 @@ TEST(ExecutorHost, UpFrontCapturesEverythingLazyCapturesOnFirstUse) {
 TEST(ExecutorHost, ReusingABucketNeverRecaptures) {
   const AttentionSpec s = small_spec(DType::kFloat16);
   World w(s, 2, 8, 1024, 17);
-  Executor ex(w.config(8, 1024));
+  ExecutorConfig c = w.config(8, 1024);
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
+  Executor ex(c);
   for (int k = 0; k < 6; ++k) {
     w.set_lens(random_lens(w.rng, 5 + k % 4, 600, 1024));  // batch bucket 8, band (512, 1024]
     w.fill_step(ex);
@@ -722,6 +729,7 @@ TEST(ExecutorHost, MemoryIsAccountedAndTheBudgetEnforced) {
   World w(s, 2, 8, 4096, 43);
   ExecutorConfig c = w.config(8, 4096);
   c.v2_threshold = 1024;
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c);
   const MemoryReport m = ex.memory();
   const std::size_t qb = 8 * 4 * 64 * 2, kvb = 8 * 2 * 64 * 2;

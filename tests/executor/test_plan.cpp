@@ -479,6 +479,7 @@ TEST(Plan, ExecutorPlansMatchPlanBucketsAndSizeTheWorkspace) {
   World w(s, 1, 4, 16384);
   ExecutorConfig c = w.config(4, 16384);
   c.device_model = h200();
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c);
   const auto& plans = ex.plans();
   ASSERT_EQ(plans.size(), ex.config().batch_buckets.size() * ex.config().band_edges.size());
@@ -561,6 +562,7 @@ TEST(Plan, LookupByIndexBySizeAndByStepAgree) {
   const AttentionSpec s = make_spec(4, 2, 64, 16, DType::kFloat32);
   World w(s, 1, 8, 2048);
   ExecutorConfig c = w.config(8, 2048);  // buckets 1 2 4 8; bands 512 1024 2048
+  c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c);
   // The trap the old API had: after a batch-2 step, bucket "2" as an index is the batch-4 bucket.
   w.set_lens({100, 700});
