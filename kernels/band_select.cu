@@ -41,9 +41,23 @@ void launch_band_select(const BandSelectParams& p, Stream stream) {
   if (p.num_handles < 0 || p.num_handles > kMaxSwitchHandles)
     throw_invalid("band select num_handles", p.num_handles, "0.." + std::to_string(kMaxSwitchHandles));
   if (fault::should_fail(fault::Site::kKernelLaunch))
-    throw Error("launch of BandSelectKernel failed: injected fault (kernel launch)");
+    fault::throw_injected(fault::Site::kKernelLaunch, "launch of BandSelectKernel");
   BandSelectKernel<kBandSelectThreads><<<1, kBandSelectThreads, 0, stream>>>(p);
   DG_CUDA_CHECK_LAUNCH("BandSelectKernel");
 }
+
+#if !defined(DECODEGRAPH_SIM)
+__global__ void ProbeMarkKernel(int* dst, int value) { *dst = value; }
+
+int launch_band_select_for_probe(const BandSelectParams& p, Stream stream) noexcept {
+  BandSelectKernel<kBandSelectThreads><<<1, kBandSelectThreads, 0, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_probe_mark(int* dst, int value, Stream stream) noexcept {
+  ProbeMarkKernel<<<1, 1, 0, stream>>>(dst, value);
+  return static_cast<int>(cudaGetLastError());
+}
+#endif
 
 }  // namespace decodegraph::kernels

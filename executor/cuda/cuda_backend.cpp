@@ -419,7 +419,8 @@ class CudaBackend final : public Backend {
   }
 
   // Driver and runtime versions, then a graph with a SWITCH node (an empty node in each body) that
-  // must instantiate. Outside any capture; every error is cleared and reported, never thrown.
+  // must instantiate, then the capture path end to end (probe_switch_capture). Outside any capture;
+  // every error is cleared and reported, never thrown.
   static std::pair<bool, std::string> probe_switch() noexcept {
     int drv = 0, rt = 0;
     if (cudaDriverGetVersion(&drv) != cudaSuccess || cudaRuntimeGetVersion(&rt) != cudaSuccess) {
@@ -459,7 +460,134 @@ class CudaBackend final : public Backend {
     if (e) (void)cudaGraphExecDestroy(e);
     if (g) (void)cudaGraphDestroy(g);
     if (!failed.empty()) return {false, failed};
+    failed = probe_switch_capture();
+    if (!failed.empty()) return {false, failed};
     return {true, ""};
+  }
+
+  // The whole mechanism a bucket graph relies on, end to end, the way capture builds it: a stream
+  // capture holding the band-select kernel; a SWITCH node added to the capture; branches 0 and 1
+  // captured into their bodies from a second stream, branch 2 a child-graph clone of branch 0; the
+  // handle patched into the captured kernel node; instantiate; two replays with lengths of bands 1
+  // and 2, each checked by the value its branch wrote. The real calls, not the fault seam: a test's
+  // injected fault is left for the code under test. Returns what failed, or "".
+  static std::string probe_switch_capture() noexcept {
+    cudaStream_t s = nullptr, s2 = nullptr;
+    int* d = nullptr;  // [0] the length, [1..3] band edges, [4] the mark a branch writes
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t e = nullptr;
+    bool capturing = false, capturing2 = false;
+    std::string failed;
+    auto ok = [&](cudaError_t err, const char* call) {
+      if (err == cudaSuccess) return true;
+      failed = std::string("probe: ") + call + " returned " + cudaGetErrorName(err);
+      return false;
+    };
+    do {
+      if (!ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") ||
+          !ok(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") ||
+          !ok(cudaMalloc(reinterpret_cast<void**>(&d), 8 * sizeof(int)), "cudaMalloc"))
+        break;
+      const int init[5] = {12, 8, 16, 24, -1};
+      if (!ok(cudaMemcpyAsync(d, init, sizeof init, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync") ||
+          !ok(cudaStreamSynchronize(s), "cudaStreamSynchronize"))
+        break;
+      if (!ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")) break;
+      capturing = true;
+      kernels::BandSelectParams p;
+      p.seq_lens = d;
+      p.batch = 1;
+      p.edges = d + 1;
+      p.num_edges = 3;
+      if (!ok(static_cast<cudaError_t>(kernels::launch_band_select_for_probe(p, s)), "band-select launch")) break;
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      cudaGraph_t cg = nullptr;
+      const cudaGraphNode_t* deps = nullptr;
+      const cudaGraphEdgeData* edges = nullptr;
+      std::size_t ndeps = 0;
+      if (!ok(cudaStreamGetCaptureInfo(s, &status, nullptr, &cg, &deps, &edges, &ndeps), "cudaStreamGetCaptureInfo"))
+        break;
+      if (status != cudaStreamCaptureStatusActive || ndeps != 1) {
+        failed = "probe: the band-select kernel is not the capture's only dependency";
+        break;
+      }
+      const cudaGraphNode_t select_node = deps[0];
+      cudaGraphConditionalHandle h = 0;
+      if (!ok(cudaGraphConditionalHandleCreate(&h, cg, 0, 0), "cudaGraphConditionalHandleCreate")) break;
+      cudaGraphNodeParams np{};
+      np.type = cudaGraphNodeTypeConditional;
+      np.conditional.handle = h;
+      np.conditional.type = cudaGraphCondTypeSwitch;
+      np.conditional.size = 3;
+      cudaGraphNode_t sw = nullptr;
+      if (!ok(cudaGraphAddNode(&sw, cg, deps, edges, ndeps, &np), "cudaGraphAddNode(SWITCH) in a capture") ||
+          !ok(cudaStreamUpdateCaptureDependencies(s, &sw, nullptr, 1, cudaStreamSetCaptureDependencies),
+              "cudaStreamUpdateCaptureDependencies"))
+        break;
+      for (int b = 0; b < 2 && failed.empty(); ++b) {
+        if (!ok(cudaStreamBeginCaptureToGraph(s2, np.conditional.phGraph_out[b], nullptr, nullptr, 0,
+                                              cudaStreamCaptureModeThreadLocal),
+                "cudaStreamBeginCaptureToGraph"))
+          break;
+        capturing2 = true;
+        if (!ok(static_cast<cudaError_t>(kernels::launch_probe_mark(d + 4, 100 + b, s2)), "kernel launch in a body"))
+          break;
+        cudaGraph_t body = nullptr;
+        capturing2 = false;
+        ok(cudaStreamEndCapture(s2, &body), "cudaStreamEndCapture(body)");
+      }
+      if (!failed.empty()) break;
+      cudaGraphNode_t child = nullptr;
+      if (!ok(cudaGraphAddChildGraphNode(&child, np.conditional.phGraph_out[2], nullptr, 0,
+                                         np.conditional.phGraph_out[0]),
+              "cudaGraphAddChildGraphNode in a body"))
+        break;
+      capturing = false;
+      if (!ok(cudaStreamEndCapture(s, &g), "cudaStreamEndCapture")) break;
+      cudaKernelNodeParams kp{};
+      if (!ok(cudaGraphKernelNodeGetParams(select_node, &kp), "cudaGraphKernelNodeGetParams")) break;
+      p.num_handles = 1;
+      p.handles[0] = h;
+      void* args[] = {&p};
+      kp.kernelParams = args;
+      kp.extra = nullptr;
+      if (!ok(cudaGraphKernelNodeSetParams(select_node, &kp), "cudaGraphKernelNodeSetParams") ||
+          !ok(cudaGraphInstantiate(&e, g, 0), "cudaGraphInstantiate"))
+        break;
+      // Length 12 is band 1 (its captured branch writes 101); 20 is band 2 (the clone of branch 0: 100).
+      const int cases[2][2] = {{12, 101}, {20, 100}};
+      for (const auto& c : cases) {
+        int mark = -1;
+        // All on s: a non-blocking stream is not ordered with the legacy stream's copies.
+        if (!ok(cudaMemcpyAsync(d, &c[0], sizeof(int), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync") ||
+            !ok(cudaMemsetAsync(d + 4, 0xff, sizeof(int), s), "cudaMemsetAsync") ||
+            !ok(cudaGraphLaunch(e, s), "cudaGraphLaunch") ||
+            !ok(cudaMemcpyAsync(&mark, d + 4, sizeof(int), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync") ||
+            !ok(cudaStreamSynchronize(s), "cudaStreamSynchronize"))
+          break;
+        if (mark != c[1]) {
+          failed = "probe: a length of band " + std::to_string(c[1] == 101 ? 1 : 2) + " ran the wrong SWITCH branch (wrote " +
+                   std::to_string(mark) + ", expected " + std::to_string(c[1]) + ")";
+          break;
+        }
+      }
+    } while (false);
+    if (capturing2) {
+      cudaGraph_t body = nullptr;
+      (void)cudaStreamEndCapture(s2, &body);
+    }
+    if (capturing) {
+      cudaGraph_t partial = nullptr;
+      (void)cudaStreamEndCapture(s, &partial);
+      if (partial) (void)cudaGraphDestroy(partial);
+    }
+    if (e) (void)cudaGraphExecDestroy(e);
+    if (g) (void)cudaGraphDestroy(g);
+    if (d) (void)cudaFree(d);
+    if (s2) (void)cudaStreamDestroy(s2);
+    if (s) (void)cudaStreamDestroy(s);
+    (void)cudaGetLastError();
+    return failed;
   }
 
   // Waits for the last step on whichever stream it ran (an event: the caller may have destroyed
