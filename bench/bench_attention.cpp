@@ -28,13 +28,12 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <stdexcept>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -104,7 +103,7 @@ struct Workload {
   cudaStream_t stream = nullptr;
   std::vector<void*> device;  // every cudaMalloc, freed in the destructor
   std::vector<void*> k, v, q, out;
-  std::vector<int32_t*> d_tables;  // [rotations] each [batch, width]
+  std::vector<int32_t*> d_tables;  // [rotations] each [batch, width], slices of one allocation
   int32_t* d_lens = nullptr;
   int32_t* h_lens = nullptr;                 // pinned
   std::vector<int32_t*> h_tables;            // pinned, [rotations]
@@ -138,28 +137,26 @@ struct Workload {
       dgbench::fill_random_device(spec.dtype, v.back(), cache_elems, 101 + 4 * l, stream);
       dgbench::fill_random_device(spec.dtype, q.back(), qo_elems, 102 + 4 * l, stream);
     }
-    // Rotation r owns a disjoint, shuffled set of blocks.
-    std::vector<int32_t> ids(static_cast<std::size_t>(num_blocks));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::mt19937_64 rng(7);
-    std::shuffle(ids.begin(), ids.end(), rng);
+    // Rotation r owns a disjoint, shuffled set of blocks: slice r of one permutation of every block
+    // id, made on the device, then copied to the pinned host tables the graph modes stage from.
+    const std::size_t tab = static_cast<std::size_t>(c.batch) * width;
+    int32_t* d_ids = static_cast<int32_t*>(dmalloc(sizeof(int32_t) * tab * c.rotations));
+    dgbench::shuffled_block_ids_device(d_ids, tab * c.rotations, 7, stream);
     DGB_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_lens), sizeof(int32_t) * c.batch));
     std::fill(h_lens, h_lens + c.batch, c.context);
     d_lens = static_cast<int32_t*>(dmalloc(sizeof(int32_t) * c.batch));
-    DGB_CUDA_CHECK(cudaMemcpy(d_lens, h_lens, sizeof(int32_t) * c.batch, cudaMemcpyHostToDevice));
-    const std::size_t tab = static_cast<std::size_t>(c.batch) * width;
+    DGB_CUDA_CHECK(cudaMemcpyAsync(d_lens, h_lens, sizeof(int32_t) * c.batch, cudaMemcpyHostToDevice, stream));
     for (int r = 0; r < c.rotations; ++r) {
       int32_t* h = nullptr;
       DGB_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h), sizeof(int32_t) * tab));
-      std::copy(ids.begin() + static_cast<std::ptrdiff_t>(r * tab), ids.begin() + static_cast<std::ptrdiff_t>((r + 1) * tab), h);
       h_tables.push_back(h);
-      d_tables.push_back(static_cast<int32_t*>(dmalloc(sizeof(int32_t) * tab)));
-      DGB_CUDA_CHECK(cudaMemcpy(d_tables.back(), h, sizeof(int32_t) * tab, cudaMemcpyHostToDevice));
+      d_tables.push_back(d_ids + r * tab);
+      DGB_CUDA_CHECK(cudaMemcpyAsync(h, d_tables.back(), sizeof(int32_t) * tab, cudaMemcpyDeviceToHost, stream));
     }
+    DGB_CUDA_CHECK(cudaStreamSynchronize(stream));  // fills and tables done before plan() builds an executor
     for (int p : {512, 1024, plan().partition_size})
       if (p > 0) workspace_bytes = std::max(workspace_bytes, dg::v2_workspace_size(spec, c.batch, c.context, p));
     workspace = dmalloc(workspace_bytes);
-    DGB_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   ~Workload() {
     graph.reset();

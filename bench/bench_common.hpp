@@ -1,7 +1,8 @@
 // Helpers shared by the benchmarks and decode_loop: model presets, the bytes model of docs/design.md,
-// percentiles, seeded random fills (host, and device on CUDA builds) and the streaming-read kernel
-// that measures the device's read bandwidth in the same run. The .cpp formats with fmt; this header
-// includes none of it, so the .cu files that include it need no fmt under nvcc.
+// percentiles, seeded random fills (host, and device on CUDA builds), shuffled block ids on the device
+// and the streaming-read kernel that measures the device's read bandwidth in the same run. The .cpp
+// formats with fmt; this header includes none of it, so the .cu files that include it need no fmt
+// under nvcc.
 //
 // Bench code may abort on a CUDA error (only tests and benches may); the library never does.
 #pragma once
@@ -90,6 +91,10 @@ struct ReadBandwidth {
 /// Seeded uniform values in [-1, 1) rounded to dtype, written on the device (bench/device_fill.cu).
 void fill_random_device(decodegraph::DType dtype, void* buf, std::size_t n, std::uint64_t seed,
                         cudaStream_t stream);
+
+/// ids[0..n) = a seeded uniform random permutation of 0..n-1, written on `stream` (asynchronous;
+/// bench/device_tables.cu). Slices of it are disjoint, shuffled block tables.
+void shuffled_block_ids_device(int32_t* ids, std::size_t n, std::uint64_t seed, cudaStream_t stream);
 
 /// Reads a buffer of `bytes` (make it far larger than L2) with 16-byte loads, `iters` timed passes
 /// after one warm-up pass, timed with CUDA events.

@@ -3,11 +3,11 @@
 // equal, for a V1 and a V2 bucket and for a bucket kMeasured chose by timing candidates with events.
 // Then the engine-facing paths (issue 11) on a real device: steps on the caller's streams in turn,
 // caches smaller than the spec (the driver's address range), a bad block id under kCheap, device
-// inputs with a max_seq_len hint, and rebind_layers.
+// inputs with a max_seq_len hint, and rebind_layers. Outputs are compared where they are, on the
+// device (tests/gpu/device_compare.hpp): bitwise, or against the float64 reference copied over.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +18,8 @@
 
 #if DECODEGRAPH_HAS_CUDA
 #include <cuda_runtime.h>
+
+#include "device_compare.hpp"
 #endif
 
 namespace {
@@ -62,7 +64,7 @@ void run_gpu_case(KernelKind kind, bool measured = false) {
   lens[0] = hi;
   w.set_lens(lens);
   const std::size_t qb = w.q_elems(7) * dtype_size(s.dtype);
-  std::vector<char> q(qb), g1(qb), g2(qb), eager(qb);
+  std::vector<char> q(qb);
   dgtest::fill_uniform(s.dtype, q.data(), w.q_elems(7), w.rng);
   CK(cudaMemcpy(ex.query(0), q.data(), qb, cudaMemcpyHostToDevice));
   CK(cudaDeviceSynchronize());  // a pageable cudaMemcpy may return before the DMA lands
@@ -85,15 +87,15 @@ void run_gpu_case(KernelKind kind, bool measured = false) {
     ASSERT_EQ(r.kernel, kind);
   }
   CK(cudaStreamSynchronize(ex.stream()));
-  CK(cudaMemcpy(g1.data(), ex.output(0), qb, cudaMemcpyDeviceToHost));
+  DevBuf g1(qb);  // the first replay's output, kept on the device
+  CK(cudaMemcpy(g1.p, ex.output(0), qb, cudaMemcpyDeviceToDevice));
   ex.step(w.inputs());
   CK(cudaStreamSynchronize(ex.stream()));
-  CK(cudaMemcpy(g2.data(), ex.output(0), qb, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(std::memcmp(g1.data(), g2.data(), qb), 0) << "two replays differ";
+  EXPECT_TRUE(dgtest::bitwise_equal_on_device(g1.p, ex.output(0), qb)) << "two replays differ";
 
   std::vector<double> ref = w.reference(0, q.data());
   const dgtest::Tol t = dgtest::tol_for(s.dtype);
-  EXPECT_TRUE(dgtest::check_close(s.dtype, g1.data(), ref.data(), 7, s.num_q_heads, s.head_size, t.atol, t.rtol));
+  EXPECT_TRUE(dgtest::check_close_on_device(s.dtype, g1.p, ref, 7, s.num_q_heads, s.head_size, t.atol, t.rtol));
 
   // Eager launch with the bucket's max_seq_len and partition size: bitwise equal to the graph.
   DevBuf dt(w.tables.size() * 4), dl(w.lens.size() * 4), dout(qb), dq(qb);
@@ -121,8 +123,7 @@ void run_gpu_case(KernelKind kind, bool measured = false) {
     CK(cudaDeviceSynchronize());
   }
   CK(cudaDeviceSynchronize());
-  CK(cudaMemcpy(eager.data(), dout.p, qb, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(std::memcmp(g1.data(), eager.data(), qb), 0) << "graph output differs from eager output";
+  EXPECT_TRUE(dgtest::bitwise_equal_on_device(g1.p, dout.p, qb)) << "graph output differs from eager output";
   EXPECT_GT(ex.memory().graphs, 0u);
 #else
   (void)kind;
@@ -145,7 +146,7 @@ TEST(ExecutorGpu, MeasuredBucketTimesItsCandidatesThenMatchesEager) {
 }
 
 #if DECODEGRAPH_HAS_CUDA
-// A world whose caches live on the device, and host copies of one layer's output.
+// A world whose caches live on the device; outputs are checked on the device.
 struct GpuWorld {
   World w;
   std::vector<std::unique_ptr<DevBuf>> k, v;
@@ -169,6 +170,7 @@ struct GpuWorld {
     return c;
   }
   /// Random q for the live rows of every layer, copied into the executor's buffers (synchronously).
+  /// Drawn on the host, not with Thrust: the float64 reference reads q there.
   std::vector<std::vector<char>> write_q(Executor& ex) {
     std::vector<std::vector<char>> qs;
     const std::size_t n = w.q_elems(static_cast<int>(w.lens.size()));
@@ -180,15 +182,13 @@ struct GpuWorld {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return qs;
   }
+  /// Layer l's output (device) against the float64 reference of the current inputs.
   ::testing::AssertionResult check(Executor& ex, int l, const void* q_host) {
     const int n = static_cast<int>(w.lens.size());
-    std::vector<char> out(w.q_elems(n) * dtype_size(w.spec.dtype));
-    if (cudaMemcpy(out.data(), ex.output(l), out.size(), cudaMemcpyDeviceToHost) != cudaSuccess)
-      return ::testing::AssertionFailure() << "cudaMemcpy of the output failed";
     const std::vector<double> ref = w.reference(l, q_host);
     const dgtest::Tol t = dgtest::tol_for(w.spec.dtype);
-    return dgtest::check_close(w.spec.dtype, out.data(), ref.data(), n, w.spec.num_q_heads, w.spec.head_size,
-                               t.atol, t.rtol);
+    return dgtest::check_close_on_device(w.spec.dtype, ex.output(l), ref, n, w.spec.num_q_heads,
+                                         w.spec.head_size, t.atol, t.rtol);
   }
 };
 
@@ -395,7 +395,6 @@ TEST(ExecutorGpu, SwitchGraphMatchesKHostBitwiseAcrossThe8192Crossing) {
   c.band_select = BandSelect::kHost;
   Executor host(c);
   const std::size_t qb = g.w.q_elems(2) * dtype_size(g.w.spec.dtype);
-  std::vector<char> out_dev(qb), out_host(qb);
   long long v1 = 0, v2 = 0;
   for (int len = 8000; len <= 8400; len += 25) {
     g.w.set_lens({len, len - 37});
@@ -407,9 +406,7 @@ TEST(ExecutorGpu, SwitchGraphMatchesKHostBitwiseAcrossThe8192Crossing) {
     (len <= 8192 ? v1 : v2) += 1;
     CK(cudaStreamSynchronize(dev.stream()));
     CK(cudaStreamSynchronize(host.stream()));
-    CK(cudaMemcpy(out_dev.data(), dev.output(0), qb, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(out_host.data(), host.output(0), qb, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(std::memcmp(out_dev.data(), out_host.data(), qb), 0) << "len " << len;
+    EXPECT_TRUE(dgtest::bitwise_equal_on_device(dev.output(0), host.output(0), qb)) << "len " << len;
     if (len % 100 == 0) EXPECT_TRUE(g.check(dev, 0, qs[0].data())) << "len " << len;
   }
   const ExecutorStats st = dev.stats();
