@@ -41,10 +41,11 @@ constexpr bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 inline constexpr int kPass1MaxRegisters = 80;
 
 /// Register cap of the tensor-core pass-1 kernel per (head size, layout): the lowest of 80, 96 and
-/// 128 at which ptxas (nvcc 13.0, sm_90) spills nothing. At 128 threads a block that is 6 blocks per
-/// SM at 80, 5 at 96 and 4 at 128 (shared memory allows 6); even 4 keep 3 x 8 KB in flight each,
-/// 96 KB per SM. Left alone ptxas takes 96-118. The vLLM loader keeps more per-slot state than
-/// NHD's (separate K and V chunk geometry), hence the higher caps there.
+/// 128 at which ptxas (nvcc 13.0, sm_90) spills nothing (at 80 the vLLM kernels spill 16-40 bytes
+/// at heads 64, 112, 128, 192; at 96 the vLLM head-256 kernel spills 28). A 128-thread block fits
+/// 6 per SM at 80 registers, 5 at 96 and 4 at 128 (shared memory allows 6); even 4 keep 3 x 8 KB
+/// in flight each. The vLLM loader keeps more per-slot state than NHD's (separate K and V chunk
+/// geometry).
 constexpr int tc_pass1_max_registers(int d, KVLayout layout) {
   if (d == 256) return 128;
   if (d == 80 || d == 96 || layout == KVLayout::kNHD) return 80;
