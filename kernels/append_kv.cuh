@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kAppendThreads) AppendKVKernel(const __grid_co
 template <typename T>
 void launch_append_kv(const AppendParams& p, cudaStream_t stream) {
   if (fault::should_fail(fault::Site::kKernelLaunch))
-    throw Error("launch of AppendKVKernel failed: injected fault (kernel launch)");
+    fault::throw_injected(fault::Site::kKernelLaunch, "launch of AppendKVKernel");
   AppendKVKernel<T><<<static_cast<unsigned>(p.num_tokens), kAppendThreads, 0, stream>>>(p);
   DG_CUDA_CHECK_LAUNCH("AppendKVKernel");
 }

@@ -103,6 +103,13 @@ void launch_paged_decode(DecodeParams params, cudaStream_t stream);
 /// dynamic shared memory (none) launch_paged_decode uses for a GQA group size.
 template <typename T, int D, KVLayout kLayout>
 int paged_decode_blocks_per_sm(int group_size);
+/// The tensor-core pass-1 kernel (T = __half, __nv_bfloat16; inst/decode_tc_*.cu, so its code
+/// compiles apart from the CUDA-core kernels): the launch launch_paged_decode selects for groups of
+/// 4 or more (params' derived fields set, fault seam passed), and its blocks per SM.
+template <typename T, int D, KVLayout kLayout>
+void enqueue_paged_decode_tc(const DecodeParams& params, cudaStream_t stream, const char* name);
+template <typename T, int D, KVLayout kLayout>
+int paged_decode_tc_blocks_per_sm();
 template <typename T>
 void launch_merge_partitions(const MergeParams& params, cudaStream_t stream);
 template <typename T>

@@ -40,6 +40,18 @@ constexpr bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 /// memory limits a block to 6 per SM anyway, and 8 warps fit 3 per SM at 72 as at 80. 64 spills.
 inline constexpr int kPass1MaxRegisters = 80;
 
+/// Register cap of the tensor-core pass-1 kernel per (head size, layout): the lowest of 80, 96 and
+/// 128 at which ptxas (nvcc 13.0, sm_90) spills nothing (at 80 the vLLM kernels spill 16-40 bytes
+/// at heads 64, 112, 128, 192; at 96 the vLLM head-256 kernel spills 28). A 128-thread block fits
+/// 6 per SM at 80 registers, 5 at 96 and 4 at 128 (shared memory allows 6); even 4 keep 3 x 8 KB
+/// in flight each. The vLLM loader keeps more per-slot state than NHD's (separate K and V chunk
+/// geometry).
+constexpr int tc_pass1_max_registers(int d, KVLayout layout) {
+  if (d == 256) return 128;
+  if (d == 80 || d == 96 || layout == KVLayout::kNHD) return 80;
+  return 96;
+}
+
 /// Pass-1 policy for element size kElemBytes (2: fp16/bf16, 4: fp32) and head size D.
 /// Untuned on hardware (no GPU was available): the values follow the design in docs/kernels.md.
 template <int kElemBytes, int D>
@@ -68,7 +80,7 @@ struct Pass1Policy {
   static constexpr int kStages = 4;
   /// Chunks of one operand (K or V) per tile.
   static constexpr int kTileChunks = kTileTokens * kChunksPerToken;
-  static constexpr int kStageBytes = 2 * kTileChunks * 16;
+  static constexpr int kStageBytes = 2 * kTileChunks * 16;  // K + V
   /// vLLM V tiles are d-major: kVGroups chunks (of CE consecutive tokens) per head-dimension row.
   static constexpr int kVGroups = kTileTokens / kChunkElems;
   /// Segments per tile at most (block_size >= 8).
@@ -77,6 +89,12 @@ struct Pass1Policy {
   static constexpr int kMaxHeadsPerBlock = 16;
   static constexpr int kMaxThreads = 32 * kMaxHeadsPerBlock;
   static constexpr int kMaxRegisters = kPass1MaxRegisters;
+  /// NHD stages: chunks per token row (packed) and no swizzle; the CUDA-core math reads consecutive
+  /// chunks of one token, which is conflict-free as it is (TcPass1Policy pads and swizzles).
+  static constexpr int kNhdRowChunks = kChunksPerToken;
+  static constexpr bool kNhdSwizzle = false;
+  /// Chunks of one operand's part of a stage (K first, then V).
+  static constexpr int kOperandChunks = kTileChunks;
   /// Threads that issue the copies: the first four warps (a block has at least four). A fixed
   /// number makes each thread's chunk slots compile-time, so their geometry is computed once.
   static constexpr int kLoaderThreads = 128;
@@ -97,16 +115,73 @@ struct Pass1Policy {
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory must fit without the opt-in attribute");
 };
 
+/// Pass-1 policy of the tensor-core math (TensorCoreMath in kernels/tensor_core_math.cuh; fp16 and
+/// bf16 only). Tiles, stages, pipeline and loader are Pass1Policy's; what differs:
+///  - four warps per block whatever the group: the block's query heads (<= 16) are the 16 rows of
+///    one mma M dimension, and the warps split the tile's work (below);
+///  - NHD stage rows are padded to a multiple of 8 chunks and swizzled by the token, c ^ (t & 7):
+///    ldmatrix reads one chunk of 8 consecutive tokens, which unswizzled rows D * 2 bytes apart would
+///    put in one bank group (8-way conflict at D = 64, 128, 256). vLLM layouts are Pass1Policy's
+///    (both already conflict-free for these reads: tests/kernels/test_smem_layout.cpp);
+///  - a 2 KB exchange buffer: each warp's partial q.k tile (one m16n8 accumulator, 16 bytes a lane).
+/// Work split per tile (NN = tile tokens / 8 token n-tiles; q.k has D/16 k-steps, p.v D/8 d-tiles):
+/// warp w computes the partial q.k of token n-tile w % NN over k-steps [(w / NN) * KSW, + KSW), all
+/// warps sum the partials in one fixed order, run the same softmax, and warp w accumulates p.v for
+/// d-tiles [w * NTW, + NTW). So a lane keeps KSW x 4 registers of q and NTW x 4 of the output
+/// (at most 16 and 32 at D = 256) instead of D / 4 and D / 2 for one warp doing it all.
+template <int kElemBytes, int D>
+struct TcPass1Policy : Pass1Policy<kElemBytes, D> {
+  using Base = Pass1Policy<kElemBytes, D>;
+  static constexpr int kNhdRowChunks = 8 * ((Base::kChunksPerToken + 7) / 8);
+  static constexpr bool kNhdSwizzle = true;
+  static constexpr int kOperandChunks = Base::kTileTokens * kNhdRowChunks;
+  static constexpr int kStageBytes = 2 * kOperandChunks * 16;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kExchangeBytes = kWarps * 32 * 16;
+  static constexpr int kSmemBytes =
+      Base::kStages * kStageBytes + Base::kStages * Base::kMaxSegments * 4 + kExchangeBytes;
+
+  static constexpr int kTokenTiles = Base::kTileTokens / 8;                        // NN
+  static constexpr int kKSplit = kWarps / kTokenTiles;                              // warps per n-tile
+  static constexpr int kKSteps = D / 16;                                            // q.k k-steps
+  static constexpr int kKStepsPerWarp = (kKSteps + kKSplit - 1) / kKSplit;          // KSW
+  static constexpr int kDTiles = D / 8;                                             // p.v n-tiles
+  static constexpr int kDTilesPerWarp = (kDTiles + kWarps - 1) / kWarps;            // NTW
+  static constexpr int kPvSteps = (Base::kTileTokens + 15) / 16;                    // p.v k-steps
+  /// B registers of a p.v step that hold tokens: 1 when the tile has 8 tokens (the upper 8 of the
+  /// k16 step are zero in both operands).
+  static constexpr int kPvHalves = Base::kTileTokens >= 16 ? 2 : 1;
+  /// 8x8 matrices one warp loads with ldmatrix per tile: K (two per k-step) and V.
+  static constexpr int kKMatrices = 2 * kKStepsPerWarp;
+  static constexpr int kVMatrices = kPvSteps * kDTilesPerWarp * kPvHalves;
+
+  static_assert(kElemBytes == 2, "mma.m16n8k16 takes fp16 / bf16");
+  static_assert(Base::kTileTokens == 8 || Base::kTileTokens == 16 || Base::kTileTokens == 32, "n8 token tiles");
+  static_assert(kWarps % kTokenTiles == 0, "every token n-tile gets the same number of warps");
+  static_assert(D % 16 == 0, "k16 steps over the head dimension");
+  static_assert(kKMatrices % 2 == 0 && kVMatrices % 2 == 0, "ldmatrix .x4 / .x2 groups");
+  static_assert((kOperandChunks * 16) % 512 == 0, "K and V parts of a stage start 512-byte aligned");
+  static_assert(kSmemBytes <= 48 * 1024, "static shared memory must fit without the opt-in attribute");
+};
+
 /// Query heads one block serves for a GQA group: ceil(group / head_chunks) with head_chunks =
-/// ceil(group / 16), so chunks are balanced (24 -> 2 x 12). One warp per head.
+/// ceil(group / 16), so chunks are balanced (24 -> 2 x 12). Both maths use it (the tensor-core
+/// math's M dimension is 16 rows).
 constexpr int pass1_head_chunks_for(int group) { return (group + 15) / 16; }
 constexpr int pass1_heads_per_block_for(int group) {
   const int chunks = pass1_head_chunks_for(group);
   return (group + chunks - 1) / chunks;
 }
-/// Threads of a pass-1 block: one warp per head, at least four warps (the loader's 128 threads;
-/// for groups below 4 the extra warps only copy).
-constexpr int pass1_threads_for(int group) { return 32 * cmax(4, pass1_heads_per_block_for(group)); }
+/// The one selection rule (launch_paged_decode, the occupancy model and the tests read it): the
+/// tensor-core math for fp16 / bf16 with GQA groups of 4 or more, the CUDA-core math otherwise
+/// (fp32; groups of 1-3, where 12-15 of the 16 mma rows would be padding).
+constexpr bool pass1_uses_tensor_cores(int elem_bytes, int group) { return elem_bytes == 2 && group >= 4; }
+/// Threads of a pass-1 block. CUDA-core math: one warp per head, at least four warps (the loader's
+/// 128 threads; for groups below 4 the extra warps only copy). Tensor-core math: four warps.
+constexpr int pass1_threads_for(int elem_bytes, int group) {
+  return pass1_uses_tensor_cores(elem_bytes, group) ? 128 : 32 * cmax(4, pass1_heads_per_block_for(group));
+}
 
 // ---------------------------------------------------------------- shared-memory layouts
 // Chunk positions inside one operand's tile (multiply by 16 for bytes). The loader copies 16-byte
@@ -116,10 +191,13 @@ constexpr int pass1_threads_for(int group) { return 32 * cmax(4, pass1_heads_per
 // reading consecutive chunks of one token, or one d-row each) hit 8 distinct 16-byte bank groups.
 // tests/kernels/test_smem_layout.cpp checks every (dtype, head size, block size, layout) for that.
 
-/// NHD K and V: token-major, [token][chunk], unswizzled: reads and writes are both consecutive.
+/// NHD K and V: token-major, [token][chunk]. Pass1Policy: packed rows, unswizzled (reads and
+/// writes both walk consecutive chunks). TcPass1Policy: rows of kNhdRowChunks (a multiple of 8) with
+/// the chunk XORed by the token's low 3 bits, so 8 consecutive tokens' chunk c (one ldmatrix
+/// matrix) hit 8 bank groups while a row's 8-chunk line is still written by 8 consecutive threads.
 template <class P>
 DG_HD constexpr int smem_pos_nhd(int token, int chunk) {
-  return token * P::kChunksPerToken + chunk;
+  return token * P::kNhdRowChunks + (P::kNhdSwizzle ? (chunk ^ (token & 7)) : chunk);
 }
 
 /// vLLM K ([.., head_size/x, block_size, x] in the cache): chunk-major [chunk][token], the page's own
@@ -160,10 +238,12 @@ struct TileChunk {
   int token;  // first token (inside the tile) the chunk holds
   int index;  // NHD / vLLM K: the chunk of the token's row; vLLM V: the head-dimension element d
 };
-/// NHD K and V: [token][chunk] pages; q is already the shared-memory position.
+/// NHD K and V: [token][chunk] pages, q over the stage's rows (kNhdRowChunks chunks a token; with
+/// TcPass1Policy's padded rows, index >= kChunksPerToken is padding the loader skips). Pass1Policy:
+/// q is the shared-memory position itself.
 template <class P>
 DG_HD constexpr TileChunk loader_chunk_nhd(int q) {
-  return TileChunk{q / P::kChunksPerToken, q % P::kChunksPerToken};
+  return TileChunk{q / P::kNhdRowChunks, q % P::kNhdRowChunks};
 }
 /// vLLM K: a segment is [chunk][token of the segment].
 template <class P>
@@ -215,6 +295,54 @@ template <class P, class A>
 DG_HD constexpr A v_read_vllm(A base, int g, int k, int e) {
   const int x = smem_pos_vllm_v<P>(e, g) ^ smem_pos_vllm_v<P>(0, 0);
   return (base ^ (static_cast<A>(x) << 4)) + static_cast<A>(16 * k * P::kLanes * P::kChunkElems * P::kVGroups);
+}
+
+// ---------------------------------------------------------------- the tensor-core math's ldmatrix rows
+// TensorCoreMath loads its mma B fragments with ldmatrix: matrix mu of a warp's per-tile list is an
+// 8x8 block of 16-bit elements whose 8 rows are 16-byte chunks of the stage. The list is loaded
+// four matrices per ldmatrix.x4 (lane l gives the address of row l % 8 of matrix 4a + l / 8) and,
+// when two are left, one .x2 (lanes 16-31 repeat lanes 0-15's addresses; the hardware ignores them).
+//   K, matrix mu (non-transposed): rows = tokens 8 * (warp % NN) + r of chunk 2 * ks0 + mu (ks0 the
+//   warp's first k-step); lane (g, t) receives K[token g][d 16 ks + 8 (mu & 1) + 2t, +1], i.e. the mma
+//   B register mu & 1 of k-step mu / 2 (B[k = d][n = token], PTX ISA "mma.m16n8k16" fragments).
+//   V, matrix mu = (kt * NTW + i) * H + h: d-tile dt = warp * NTW + i, tokens 16 kt + 8 h .. + 7.
+//   vLLM V ([d][token group], d-major): rows = d 8 dt + r of token group 2 kt + h, non-transposed;
+//   NHD V ([token][chunk]): rows = tokens 16 kt + 8 h + r of chunk dt, transposed. Either way lane
+//   (g, t) receives V[tokens 16 kt + 8 h + 2t, +1][d 8 dt + g], the mma B register h of p.v step kt.
+// Chunks and d-tiles past the head dimension (a warp's share rounded up) are clamped to the last
+// real one: the math gives them zero q (k-steps) or never writes their output (d-tiles).
+
+/// ldmatrix number `a` of a list of `n` matrices: the matrix whose row lane `lane` addresses.
+DG_HD constexpr int tc_ldm_matrix(int a, int n, int lane) {
+  const int width = cmin(4, n - 4 * a);  // 4 (.x4) or 2 (.x2)
+  return 4 * a + (lane >> 3) % width;
+}
+/// Shared-memory chunk position (within the K part of a stage) of row `r` of K matrix `mu`.
+template <class P, KVLayout kLayout>
+DG_HD constexpr int tc_k_row_pos(int warp, int mu, int r) {
+  const int token = 8 * (warp % P::kTokenTiles) + r;
+  const int chunk = cmin(2 * (warp / P::kTokenTiles) * P::kKStepsPerWarp + mu, P::kChunksPerToken - 1);
+  return kLayout == KVLayout::kNHD ? smem_pos_nhd<P>(token, chunk) : smem_pos_vllm_k<P>(token, chunk);
+}
+/// Shared-memory chunk position (within the V part of a stage) of row `r` of V matrix `mu`.
+template <class P, KVLayout kLayout>
+DG_HD constexpr int tc_v_row_pos(int warp, int mu, int r) {
+  const int h = mu % P::kPvHalves;
+  const int pair = mu / P::kPvHalves;
+  const int kt = pair / P::kDTilesPerWarp;
+  const int dt = cmin(warp * P::kDTilesPerWarp + pair % P::kDTilesPerWarp, P::kDTiles - 1);
+  return kLayout == KVLayout::kNHD ? smem_pos_nhd<P>(16 * kt + 8 * h + r, dt)
+                                   : smem_pos_vllm_v<P>(8 * dt + r, 2 * kt + h);
+}
+/// Byte offsets, from the stage's K / V part, of the row lane `lane` of warp `warp` gives to the
+/// a-th ldmatrix of the K / V list (per lane and stage-independent: computed once).
+template <class P, KVLayout kLayout>
+DG_HD constexpr int tc_k_ldm_offset(int warp, int lane, int a) {
+  return 16 * tc_k_row_pos<P, kLayout>(warp, tc_ldm_matrix(a, P::kKMatrices, lane), lane & 7);
+}
+template <class P, KVLayout kLayout>
+DG_HD constexpr int tc_v_ldm_offset(int warp, int lane, int a) {
+  return 16 * tc_v_row_pos<P, kLayout>(warp, tc_ldm_matrix(a, P::kVMatrices, lane), lane & 7);
 }
 
 }  // namespace decodegraph::kernels

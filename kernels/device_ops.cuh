@@ -1,11 +1,13 @@
 // The few device operations the kernels need beyond plain C++ and the CUDA intrinsics: asynchronous
 // 16-byte copies global -> shared (cp.async, sm_80+) with an L2 evict-first policy (K/V are read
-// once per step), their commit / wait groups, and 16-byte shared loads through 32-bit shared
-// addresses (the swizzled layouts XOR them).
+// once per step), their commit / wait groups, 16-byte shared loads through 32-bit shared
+// addresses (the swizzled layouts XOR them), and for the tensor-core math ldmatrix (8x8 matrices of
+// 16-bit elements, shared -> the mma fragment layout) and mma.sync.m16n8k16 with fp32 accumulation.
 //
 // Under the CPU simulator (tests/sim, which defines DECODEGRAPH_SIM) the same functions come from
 // the simulator's model in tests/sim/shim/sim_device_ops.hpp: copies are deferred to the matching
-// wait and their destinations poisoned until then, so a missing wait or barrier shows up as NaN.
+// wait and their destinations poisoned until then, so a missing wait or barrier shows up as NaN;
+// ldmatrix and mma are warp-collective rendezvous there with the PTX fragment layouts.
 // Inline PTX cannot compile there, so nothing here can silently escape the simulator.
 #pragma once
 
@@ -13,9 +15,12 @@
 #include "sim_device_ops.hpp"
 #else
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "decodegraph's kernels need sm_80 or newer (cp.async)"
@@ -61,6 +66,50 @@ __device__ __forceinline__ uint4 lds16(SmemAddr a) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
   return v;
+}
+
+// ---------------------------------------------------------------- tensor cores (sm_80+)
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" and
+// "ldmatrix"), with g = lane / 4 and t = lane % 4; a 32-bit register holds two 16-bit elements, the
+// lower-indexed one in the low half:
+//   A (16x16, row-major), a[0..3]: (row g, cols 2t..2t+1), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..)
+//   B (16x8, "col"), b0, b1: (rows k = 2t..2t+1, col g), (k = 2t + 8..2t + 9, col g)
+//   C/D (16x8 fp32), d[0..3]: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+//   ldmatrix, per 8x8 matrix: lane l gives row l % 8 of matrix l / 8 (.x4; .x2 reads lanes 0-15's);
+//   register m of lane (g, t) = elements (row g, cols 2t, 2t+1) of matrix m; with .trans
+//   (rows 2t, 2t+1; col g).
+
+/// ldmatrix.sync.aligned.m8n8.x{N}{.trans}.shared.b16 into r[0..N-1] (N = 2 or 4). Every lane of
+/// the warp executes it; `a` is this lane's row address (16-byte aligned).
+template <int N, bool kTrans>
+__device__ __forceinline__ void ldmatrix(uint32_t* r, SmemAddr a) {
+  static_assert(N == 2 || N == 4, "ldmatrix .x2 or .x4");
+  if constexpr (N == 4 && !kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else if constexpr (N == 4)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else if constexpr (!kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
+/// d += A * B: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 (T = __nv_bfloat16
+/// or __half), fragments as above. Every lane of the warp executes it.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 }  // namespace decodegraph::kernels::dev

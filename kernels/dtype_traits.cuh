@@ -59,6 +59,22 @@ __device__ __forceinline__ Bits<T> float_to_bits(float v) {
 }
 
 
+/// Two floats rounded to T and packed into 32 bits, `lo` in the low half (the order of an mma
+/// fragment register). T = __half or __nv_bfloat16.
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  uint32_t w;
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    memcpy(&w, &h, sizeof w);
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "pack_pair: 16-bit types only");
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    memcpy(&w, &h, sizeof w);
+  }
+  return w;
+}
+
 // ---------------------------------------------------------------- 16-byte chunks as floats
 
 /// Word w (0..3) of a 16-byte vector.

@@ -97,7 +97,7 @@ void launch_merge_partitions(const MergeParams& p, cudaStream_t stream) {
   const int threads = (p.head_size + 31) / 32 * 32;
   const dim3 grid(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs));
   if (fault::should_fail(fault::Site::kKernelLaunch))
-    throw Error("launch of MergePartitionsKernel failed: injected fault (kernel launch)");
+    fault::throw_injected(fault::Site::kKernelLaunch, "launch of MergePartitionsKernel");
   MergePartitionsKernel<T><<<grid, threads, 0, stream>>>(p);
   DG_CUDA_CHECK_LAUNCH("MergePartitionsKernel");
 }

@@ -40,6 +40,17 @@ constexpr RegRow kPass1Registers[] = {
     {256, 80, 80, 80, 78, 80, 80},
 };
 
+// The tensor-core kernel (fp16 / bf16, groups >= 4; tensor_core_math.cuh), likewise from ptxas -v.
+// Its caps per (head size, layout) are tc_pass1_max_registers (decode_policy.hpp). fp16 and bf16
+// compile to the same counts.
+struct TcRegRow {
+  int d;
+  int vllm, nhd;
+};
+constexpr TcRegRow kPass1TcRegisters[] = {
+    {64, 96, 80}, {80, 80, 80}, {96, 80, 80}, {112, 96, 80}, {128, 94, 80}, {192, 96, 80}, {256, 115, 115},
+};
+
 template <int E>
 int pass1_smem(int d) {
   switch (d) {
@@ -54,6 +65,19 @@ int pass1_smem(int d) {
   throw_invalid("head_size", d, "64, 80, 96, 112, 128, 192, 256");
 }
 
+int pass1_tc_smem(int d) {
+  switch (d) {
+    case 64: return TcPass1Policy<2, 64>::kSmemBytes;
+    case 80: return TcPass1Policy<2, 80>::kSmemBytes;
+    case 96: return TcPass1Policy<2, 96>::kSmemBytes;
+    case 112: return TcPass1Policy<2, 112>::kSmemBytes;
+    case 128: return TcPass1Policy<2, 128>::kSmemBytes;
+    case 192: return TcPass1Policy<2, 192>::kSmemBytes;
+    case 256: return TcPass1Policy<2, 256>::kSmemBytes;
+  }
+  throw_invalid("head_size", d, "64, 80, 96, 112, 128, 192, 256");
+}
+
 }  // namespace
 
 // As launch_paged_decode splits the group (decode_policy.hpp), so the planner counts grid y as the launch does.
@@ -62,15 +86,24 @@ int pass1_head_chunks(const AttentionSpec& spec) {
   return pass1_head_chunks_for(spec.group_size());
 }
 
-// The pass-1 kernel (kernels/paged_decode.cuh, policy in decode_policy.hpp): one warp per query
-// head of a block's head chunk, at least four warps (pass1_threads_for); static shared memory only.
+// The pass-1 kernel (kernels/paged_decode.cuh, policy in decode_policy.hpp) of the math the
+// launcher selects (pass1_uses_tensor_cores): CUDA-core, one warp per query head of a block's head
+// chunk and at least four warps; tensor-core, four warps. Static shared memory only.
 KernelResources pass1_resources(const AttentionSpec& spec) {
   validate_spec(spec);
+  const bool nhd = spec.layout == KVLayout::kNHD;
+  const int elem = static_cast<int>(dtype_size(spec.dtype));
+  KernelResources r;
+  r.threads = pass1_threads_for(elem, spec.group_size());
+  if (pass1_uses_tensor_cores(elem, spec.group_size())) {
+    const TcRegRow* row = std::find_if(std::begin(kPass1TcRegisters), std::end(kPass1TcRegisters),
+                                       [&](const TcRegRow& t) { return t.d == spec.head_size; });
+    r.registers = nhd ? row->nhd : row->vllm;
+    r.smem_bytes = pass1_tc_smem(spec.head_size);
+    return r;
+  }
   const RegRow* row = std::find_if(std::begin(kPass1Registers), std::end(kPass1Registers),
                                    [&](const RegRow& r) { return r.d == spec.head_size; });
-  const bool nhd = spec.layout == KVLayout::kNHD;
-  KernelResources r;
-  r.threads = pass1_threads_for(spec.group_size());
   switch (spec.dtype) {
     case DType::kFloat16: r.registers = nhd ? row->fp16_nhd : row->fp16_vllm; break;
     case DType::kBFloat16: r.registers = nhd ? row->bf16_nhd : row->bf16_vllm; break;

@@ -25,8 +25,10 @@
 // instead of log2(L) per token), the logit and the online-softmax update on that, then p . v with
 // each p broadcast by one shuffle. fp32 accumulation; every reduction has a fixed order, so results
 // are deterministic (eager == graph, replays bitwise equal). The Z slices merge by shuffles at the end.
-// A second math (e.g. tensor cores for large GQA groups) can take CudaCoreMath's place: it gets the
-// same loader, stages and driver, and the launcher selects it per spec.
+// A second math takes CudaCoreMath's place for fp16 / bf16 with GQA groups of 4 or more:
+// TensorCoreMath (tensor_core_math.cuh, instantiated in inst/decode_tc_*.cu) gets the same loader,
+// stages and driver, its own policy (TcPass1Policy: four warps, swizzled NHD rows), and
+// launch_paged_decode selects it (pass1_uses_tensor_cores, decode_policy.hpp).
 //
 // Assumptions. Arguments validated by the launcher (validate_decode_args): 16-byte aligned tensors
 // and row strides, block table wide enough for max_seq_len, supported shapes, partition_size a
@@ -62,16 +64,19 @@ inline constexpr unsigned kFullMask = 0xffffffffu;
 /// threads read consecutive 16-byte chunks of global memory). A slot's geometry (offset inside its
 /// block, shared-memory position, token) depends only on the thread and the block size, so the
 /// compiler computes it once; per tile a slot costs a segment lookup, an add, a compare and the copy.
-template <typename T, int D, KVLayout kLayout>
+/// P: the math's policy (Pass1Policy or TcPass1Policy; they differ in the NHD stage rows).
+template <typename T, int D, KVLayout kLayout, class P>
 struct TileLoader {
-  using P = Pass1Policy<sizeof(T), D>;
   static constexpr int E = sizeof(T);
   static constexpr int CE = P::kChunkElems;
   static constexpr int CPT = P::kChunksPerToken;
   static constexpr int NTOK = P::kTileTokens;
   static constexpr int kThreads = P::kLoaderThreads;
-  static constexpr int U = P::kLoadsPerThread;
-  static constexpr bool kEven = P::kTileChunks % kThreads == 0;
+  // Chunk slots of one operand: NHD walks the stage rows (padding included, skipped per slot).
+  static constexpr int kSlots = kLayout == KVLayout::kNHD ? P::kOperandChunks : P::kTileChunks;
+  static constexpr int U = (kSlots + kThreads - 1) / kThreads;
+  static constexpr bool kEven = kSlots % kThreads == 0;
+  static constexpr bool kPaddedRows = P::kNhdRowChunks != CPT;
 
   const char* k_base;    // cache base + this KV head's offset inside a block
   const char* v_base;
@@ -147,13 +152,14 @@ struct TileLoader {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int q = tid + u * kThreads;
-        if (kEven || q < P::kTileChunks) {
-          const TileChunk ch = loader_chunk_nhd<P>(q);
+        const TileChunk ch = loader_chunk_nhd<P>(q);
+        if ((kEven || q < kSlots) && (!kPaddedRows || ch.index < CPT)) {
           const int t = ch.token;
+          const int at = smem_pos_nhd<P>(t, ch.index) * 16;
           const int64_t off = block(seg, t) + ((t & tb_mask) * token_bytes + ch.index * 16);
           const int src = t < left ? 16 : 0;
-          dev::cp_async_16(sk + q * 16, kb + off, src, policy);
-          dev::cp_async_16(sv + q * 16, vb + off, src, policy);
+          dev::cp_async_16(sk + at, kb + off, src, policy);
+          dev::cp_async_16(sv + at, vb + off, src, policy);
         }
       }
     } else {
@@ -162,7 +168,7 @@ struct TileLoader {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int q = tid + u * kThreads;
-        if (kEven || q < P::kTileChunks) {
+        if (kEven || q < kSlots) {
           const TileChunk ch = loader_chunk_vllm_k<P>(q, seg_log2);
           const int t = ch.token;
           const int64_t off = block(seg, t) + ((ch.index << bs_log2) + (t & tb_mask)) * 16;
@@ -174,7 +180,7 @@ struct TileLoader {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int q = tid + u * kThreads;
-        if (kEven || q < P::kTileChunks) {
+        if (kEven || q < kSlots) {
           const TileChunk ch = loader_chunk_vllm_v<P, D>(q, seg_log2);
           const int t = ch.token;
           const int d = ch.index;
@@ -187,13 +193,34 @@ struct TileLoader {
   }
 };
 
+// ---------------------------------------------------------------- the block's heads
+
+/// The KV head and head chunk a block serves (grid y = kv_heads x head_chunks); the chunk's query
+/// heads are heads_per_block consecutive heads of the group from chunk * heads_per_block on.
+struct BlockHeads {
+  int kv_head;
+  int chunk;
+};
+__device__ __forceinline__ BlockHeads block_heads(const DecodeParams& p) {
+  const int y = static_cast<int>(blockIdx.y);
+  return BlockHeads{y / p.head_chunks, y % p.head_chunks};
+}
+
 // ---------------------------------------------------------------- math (CUDA cores)
+// A math (see docs/kernels.md, "Adding a second math") is a class template Math<T, D, Layout> with
+//   Policy                           its tile / stage policy (the loader and the driver follow it);
+//   bool init(p, seq, len)           load q, reset the state; false: this warp takes no part
+//                                    (warp-uniform; such warps only copy);
+//   consume(sk, sv, tile_start, end) fold one tile (shared addresses of its K and V parts);
+//   finish(), write(p, seq, part)    merge what lanes keep, write V1 output or V2 partials.
 
 /// One warp per query head: q and the output accumulators in registers, per-row logits in
 /// registers, shuffles for every reduction.
 template <typename T, int D, KVLayout kLayout>
 struct CudaCoreMath {
-  using P = Pass1Policy<sizeof(T), D>;
+  using Policy = Pass1Policy<sizeof(T), D>;
+  using P = Policy;
+  static constexpr int kMaxRegisters = kPass1MaxRegisters;
   using Conv = ChunkConvert<T>;
   static constexpr int L = P::kLanes;
   static constexpr int NR = P::kRowTokens;
@@ -229,7 +256,19 @@ struct CudaCoreMath {
 
   __device__ __forceinline__ bool lane_chunk_valid(int c) const { return kAllLanesActive || c < CPT; }
 
-  __device__ __forceinline__ void init(const DecodeParams& p, int seq, int q_head, int seq_len) {
+  /// The query head of this warp (one warp per head of the block's chunk), or -1.
+  __device__ __forceinline__ static int warp_head(const DecodeParams& p) {
+    const BlockHeads bh = block_heads(p);
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    const int head_in_group = bh.chunk * p.heads_per_block + warp;
+    // Warps past heads_per_block (blocks of small groups have four warps) only copy.
+    return warp < p.heads_per_block && head_in_group < p.group_size ? bh.kv_head * p.group_size + head_in_group
+                                                                     : -1;
+  }
+
+  __device__ __forceinline__ bool init(const DecodeParams& p, int seq, int seq_len) {
+    const int q_head = warp_head(p);
+    if (q_head < 0) return false;
     const int lane = static_cast<int>(threadIdx.x) & 31;
     j = lane % L;
     z = lane / L;
@@ -248,6 +287,7 @@ struct CudaCoreMath {
       for (int e = 0; e < CE; ++e) q[k][e] = acc[k][e] = 0.0f;
       if (lane_chunk_valid(c)) Conv::unpack(__ldg(reinterpret_cast<const uint4*>(qrow + c * CE)), q[k]);
     }
+    return true;
   }
 
   /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state.
@@ -367,8 +407,9 @@ struct CudaCoreMath {
   }
 
   /// Slice 0 writes: V1 the normalised output row, V2 the partial (m, l, acc / l).
-  __device__ __forceinline__ void write(const DecodeParams& p, int seq, int q_head, int part) const {
+  __device__ __forceinline__ void write(const DecodeParams& p, int seq, int part) const {
     if (z != 0) return;
+    const int q_head = warp_head(p);
     if (p.write_partials) {
       const int64_t idx = math::partial_index(seq, q_head, part, p.num_q_heads, p.max_partitions);
       if (j == 0) {
@@ -409,11 +450,12 @@ struct CudaCoreMath {
 
 template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
 __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
-  using P = Pass1Policy<sizeof(T), D>;
+  using M = Math<T, D, kLayout>;
+  using P = typename M::Policy;
   constexpr int S = P::kStages;
   constexpr int NTOK = P::kTileTokens;
   constexpr int NSEG = P::kMaxSegments;
-  constexpr int kStageChunks = 2 * P::kTileChunks;
+  constexpr int kStageChunks = 2 * P::kOperandChunks;
 
   __shared__ __align__(P::kStageAlign) uint4 s_stages[S * kStageChunks];
   __shared__ int32_t s_seg[S * NSEG];
@@ -421,8 +463,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 
   const int part = blockIdx.x;
   const int seq = blockIdx.z;
-  const int kv_head = blockIdx.y / p.head_chunks;
-  const int chunk = blockIdx.y % p.head_chunks;
+  const int kv_head = block_heads(p).kv_head;
 
   // NOTE(graph): the length is read from device memory at a fixed address; the grid is sized for
   // max_seq_len. These exits depend only on block indices and seq_lens, so they are block-uniform
@@ -437,21 +478,17 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   const int end = static_cast<int>(start64 + p.partition_size < len ? start64 + p.partition_size : len);
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32;
-  const int head_in_group = chunk * p.heads_per_block + warp;
-  // Warp-uniform. Warps past heads_per_block (blocks of small groups have four warps) only copy.
-  const bool head_valid = warp < p.heads_per_block && head_in_group < p.group_size;
-  const int q_head = kv_head * p.group_size + head_in_group;
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
 
-  const TileLoader<T, D, kLayout> loader(p, kv_head);
-  Math<T, D, kLayout> math;
-  if (head_valid) math.init(p, seq, q_head, len);
+  const TileLoader<T, D, kLayout, P> loader(p, kv_head);
+  M math;
+  // Warp-uniform. Warps that take no part (CUDA-core math: past the chunk's heads) only copy.
+  const bool active = math.init(p, seq, len);
 
   const int ntiles = (end - start + NTOK - 1) / NTOK;
   const int nseg = loader.segments();
   auto stage_k = [&](int t) { return stages + (t % S) * (kStageChunks * 16); };
-  auto stage_v = [&](int t) { return stages + (t % S) * (kStageChunks * 16) + P::kTileChunks * 16; };
+  auto stage_v = [&](int t) { return stages + (t % S) * (kStageChunks * 16) + P::kOperandChunks * 16; };
 
   // Prologue: segment offsets of tiles 0 .. S-1, then tiles 0 .. S-2 in flight (one group each,
   // empty groups included, so that group counting is the same for every thread and length).
@@ -480,55 +517,77 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
     const int tf = t + S;
     const bool fetch = tid < nseg && tf < ntiles;
     const int32_t id = fetch ? loader.load_id(table, start + tf * NTOK, end, tid) : 0;
-    if (head_valid) math.consume(dev::smem_addr(stage_k(t)), dev::smem_addr(stage_v(t)), start + t * NTOK, end);
+    if (active) math.consume(dev::smem_addr(stage_k(t)), dev::smem_addr(stage_v(t)), start + t * NTOK, end);
     if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.clamp_id(p, id, loader.segment_index(start + tf * NTOK, tid), bad);
   }
-  TileLoader<T, D, kLayout>::report_bad_block(p, seq, bad);
+  TileLoader<T, D, kLayout, P>::report_bad_block(p, seq, bad);
 
-  if (!head_valid) return;  // no barrier below
+  if (!active) return;  // no barrier below
   math.finish();
-  math.write(p, seq, q_head, part);
+  math.write(p, seq, part);
 }
 
 // ---------------------------------------------------------------- kernel
 
 template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
-__global__ void __maxnreg__(kPass1MaxRegisters)
+__global__ void __maxnreg__((Math<T, D, kLayout>::kMaxRegisters))
     PagedDecodeKernel(const __grid_constant__ DecodeParams p) {
   paged_decode_body<T, D, kLayout, Math>(p);
 }
 
-// ---------------------------------------------------------------- launcher
+// ---------------------------------------------------------------- launchers
 
-/// Block size of the pass-1 kernel for a GQA group (decode_policy.hpp).
-inline int paged_decode_threads(int group_size) { return pass1_threads_for(group_size); }
+/// Launches the pass-1 kernel of one math over grid (partitions, kv_heads x head chunks, seqs);
+/// p's derived fields are set (launch_paged_decode).
+template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
+void enqueue_paged_decode(const DecodeParams& p, int threads, cudaStream_t stream, const char* name) {
+  const dim3 grid(static_cast<unsigned>(p.write_partials ? p.max_partitions : 1),
+                  static_cast<unsigned>(p.num_kv_heads * p.head_chunks), static_cast<unsigned>(p.num_seqs));
+  PagedDecodeKernel<T, D, kLayout, Math><<<grid, threads, 0, stream>>>(p);
+  DG_CUDA_CHECK_LAUNCH(name);
+}
 
-template <typename T, int D, KVLayout kLayout>
-int paged_decode_blocks_per_sm(int group_size) {
+/// cudaOccupancyMaxActiveBlocksPerMultiprocessor of one math's kernel at `threads`, no dynamic
+/// shared memory (what enqueue_paged_decode launches).
+template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
+int paged_decode_kernel_blocks_per_sm(int threads) {
   int blocks = 0;
-  DG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &blocks, PagedDecodeKernel<T, D, kLayout, CudaCoreMath>, paged_decode_threads(group_size), 0));
+  DG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, PagedDecodeKernel<T, D, kLayout, Math>,
+                                                              threads, 0));
   return blocks;
 }
 
+template <typename T, int D, KVLayout kLayout>
+int paged_decode_blocks_per_sm(int group_size) {
+  if constexpr (sizeof(T) == 2) {
+    if (pass1_uses_tensor_cores(sizeof(T), group_size)) return paged_decode_tc_blocks_per_sm<T, D, kLayout>();
+  }
+  return paged_decode_kernel_blocks_per_sm<T, D, kLayout, CudaCoreMath>(pass1_threads_for(sizeof(T), group_size));
+}
+
+/// The single dispatch of the pass-1 math: the tensor-core math (inst/decode_tc_*.cu) for fp16 /
+/// bf16 with groups of 4 or more, the CUDA-core math otherwise (pass1_uses_tensor_cores).
 template <typename T, int D, KVLayout kLayout>
 void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
   p.group_size = p.num_q_heads / p.num_kv_heads;
   p.head_chunks = pass1_head_chunks_for(p.group_size);
   p.heads_per_block = pass1_heads_per_block_for(p.group_size);
   p.block_size_log2 = ilog2(p.block_size);
-  const int threads = paged_decode_threads(p.group_size);
+  const bool tensor_cores = pass1_uses_tensor_cores(sizeof(T), p.group_size);
   // Grid y and z are limited to 65535 blocks.
   require(p.num_seqs <= 65535, "num_seqs", p.num_seqs, "at most 65535 per launch");
   require(static_cast<int64_t>(p.num_kv_heads) * p.head_chunks <= 65535, "num_kv_heads", p.num_kv_heads,
           "at most 65535 / head chunks per launch");
-  const dim3 grid(static_cast<unsigned>(p.write_partials ? p.max_partitions : 1),
-                  static_cast<unsigned>(p.num_kv_heads * p.head_chunks), static_cast<unsigned>(p.num_seqs));
-  const char* name = p.write_partials ? "PagedDecodeKernel (V2 pass 1)" : "PagedDecodeKernel (V1)";
+  const char* name = p.write_partials ? (tensor_cores ? "PagedDecodeKernel (V2 pass 1) on tensor cores"
+                                                      : "PagedDecodeKernel (V2 pass 1)")
+                                      : (tensor_cores ? "PagedDecodeKernel (V1) on tensor cores"
+                                                      : "PagedDecodeKernel (V1)");
   if (fault::should_fail(fault::Site::kKernelLaunch))
-    throw Error(std::string("launch of ") + name + " failed: injected fault (kernel launch)");
-  PagedDecodeKernel<T, D, kLayout, CudaCoreMath><<<grid, threads, 0, stream>>>(p);
-  DG_CUDA_CHECK_LAUNCH(name);
+    fault::throw_injected(fault::Site::kKernelLaunch, std::string("launch of ") + name);
+  if constexpr (sizeof(T) == 2) {
+    if (tensor_cores) return enqueue_paged_decode_tc<T, D, kLayout>(p, stream, name);
+  }
+  enqueue_paged_decode<T, D, kLayout, CudaCoreMath>(p, pass1_threads_for(sizeof(T), p.group_size), stream, name);
 }
 
 }  // namespace decodegraph::kernels

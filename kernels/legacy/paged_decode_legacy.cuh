@@ -384,7 +384,7 @@ void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
                   static_cast<unsigned>(p.num_kv_heads * p.head_chunks), static_cast<unsigned>(p.num_seqs));
   const char* name = p.write_partials ? "legacy::PagedDecodeV2Kernel" : "legacy::PagedDecodeV1Kernel";
   if (fault::should_fail(fault::Site::kKernelLaunch))
-    throw Error(std::string("launch of ") + name + " failed: injected fault (kernel launch)");
+    fault::throw_injected(fault::Site::kKernelLaunch, std::string("launch of ") + name);
   if (p.write_partials)
     PagedDecodeV2Kernel<T, D><<<grid, threads, 0, stream>>>(p);
   else

@@ -27,9 +27,13 @@
 #include "kernels/decode_params.cuh"
 #include "kernels/decode_policy.hpp"
 
-// The probe is never fault-injected; the launchers only ask.
+// The probe is never fault-injected; the launchers only ask (and would throw through throw_injected).
 namespace decodegraph::fault {
 bool should_fail(Site) { return false; }
+[[noreturn]] void throw_injected(Site, const std::string& call) {
+  std::printf("error %s: injected fault in the probe\n", call.c_str());
+  std::exit(1);
+}
 }  // namespace decodegraph::fault
 // The fake runtime never fails, so no CudaError is built; the error kinds only need the symbol.
 namespace decodegraph {
@@ -85,10 +89,13 @@ std::vector<int> g_groups;
 
 // ---------------------------------------------------------------- pass 1 (V1 and V2)
 // Hints (per launch, from the policy, kernels/decode_policy.hpp):
-//   tile_tokens   tokens one main-loop iteration stages (Pass1Policy::kTileTokens)
+//   tile_tokens   tokens one main-loop iteration stages (Pass1Policy::kTileTokens; the tensor-core
+//                 math's TcPass1Policy has the same tiles)
 //   kv_tile_bytes K + V bytes of those tokens
 //   row_tokens    tokens per row per tile (Pass1Policy::kRowTokens): the trip count of per-token
 //                 loops, should the compiler leave one rolled
+// launch_paged_decode picks the math by the group (pass1_uses_tensor_cores): groups >= 4 of fp16 /
+// bf16 launch the tensor-core kernel, so the default groups 1,4,8 reach both maths.
 // The layout is a template parameter; every block size is launched, so a kernel that also took it
 // as a template parameter would show each variant. kernel_report.py drops repeated (kernel, group)
 // launches.

@@ -1,7 +1,7 @@
 // GPU tests of the eager kernels: V1 and V2 (pass 1 + merge) against the float64 reference over
 // the supported grid, irregular and long lengths, odd batches, large logits, partition-size
 // independence, determinism, padded rows, the vLLM-shaped case, GQA groups above 16 (head
-// chunks), NaN in cache slots past the lengths, caches past 2^31 elements, the KV append against
+// chunks), the tensor-core math's group shapes, NaN in cache slots past the lengths, caches past 2^31 elements, the KV append against
 // the host append and explicit layout offsets, the naive kernel, the length clamp, the
 // kernel-launch fault seam, a fused QKV buffer read through row strides, padded rows with host
 // lengths, and block ids outside the cache (clamped, reported through bad_block).
@@ -355,6 +355,30 @@ TEST(GpuKernels, LargeGroupsSplitIntoHeadChunks) {
         p->run_reference();
         SCOPED_TRACE(describe(ps.spec));
         check_all(*p, {256});
+      }
+    }
+  }
+}
+
+// The tensor-core pass 1 (fp16 / bf16, groups >= 4): groups 4, 5 (3 of 8 mma rows per half
+// padded), 8, 16 (every row real) and 24 (two chunks of 12) on both layouts, head sizes whose
+// k-steps and d-tiles do not split evenly over the warps (80, 96, 112) among them, ALiBi on some.
+TEST(GpuKernels, TensorCoreGroupShapes) {
+  DG_REQUIRE_GPU();
+  const int heads[] = {128, 80, 64, 256, 112, 96, 192};
+  int i = 0;
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    for (KVLayout layout : kLayouts) {
+      for (int g : {4, 5, 8, 16, 24}) {
+        ProblemSpec ps;
+        ps.spec = make_spec(dt, heads[i % 7], i % 3 == 0 ? 8 : 16, layout, g * (g > 16 ? 1 : 2), g > 16 ? 1 : 2);
+        ps.lens = {1, 0, 47, 300};
+        ps.alibi = i % 4 == 1;
+        ps.seed = 900 + i++;
+        auto p = dgtest::make_problem(ps);
+        p->run_reference();
+        SCOPED_TRACE(describe(ps.spec));
+        check_all(*p, {64});
       }
     }
   }

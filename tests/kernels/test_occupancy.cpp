@@ -52,28 +52,48 @@ TEST(Occupancy, Pass1ModelCoversEverySpec) {
 }
 
 TEST(Occupancy, Pass1ModelWorkedExamples) {
-  // bf16, head 128, GQA 4 (32q/8kv), vLLM layout: four warps (one per query head), 80 registers,
-  // 4 x 8 KB stages + a 32-byte block-id table = 32,800 bytes of shared memory.
-  // Registers: 80 x 32 = 2,560 per warp -> 25 warps -> 6 blocks; shared memory: 32,800 + 1,024 ->
-  // 33,920 (unit 128) -> 233,472 / 33,920 = 6 blocks; threads: 16 blocks. So 6.
+  // fp32, head 128, GQA 4 (32q/8kv), vLLM layout: the CUDA-core math, four warps (one per query
+  // head), 80 registers, 4 x 8 KB stages (8-token tiles) + a 16-byte block-id table = 32,784 bytes
+  // of shared memory. Registers: 80 x 32 = 2,560 per warp -> 25 warps -> 6 blocks; shared memory:
+  // 32,784 + 1,024 -> 33,920 (unit 128) -> 233,472 / 33,920 = 6 blocks; threads: 16 blocks. So 6.
   dg::AttentionSpec s;
   s.num_q_heads = 32;
   s.num_kv_heads = 8;
   s.head_size = 128;
-  s.dtype = dg::DType::kBFloat16;
-  const KernelResources r = dg::kernels::pass1_resources(s);
+  s.dtype = dg::DType::kFloat32;
+  KernelResources r = dg::kernels::pass1_resources(s);
   EXPECT_EQ(r.threads, 128);
-  EXPECT_EQ(r.smem_bytes, 32800);
+  EXPECT_EQ(r.registers, 80);
+  EXPECT_EQ(r.smem_bytes, 32784);
   EXPECT_EQ(blocks_per_sm(r), 6);
   // GQA 8 (llama-70B-like 64q/8kv): eight warps -> 25 / 8 = 3 blocks by registers.
   s.num_q_heads = 64;
   EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 256);
   EXPECT_EQ(blocks_per_sm(dg::kernels::pass1_resources(s)), 3);
-  // MHA (group 1) still runs four warps (the loader's 128 threads): blocks are the GQA-4 size.
+  // bf16 MHA (group 1) stays on the CUDA-core math with four warps (the loader's 128 threads);
+  // 16-token tiles, a 32-byte block-id table.
+  s.dtype = dg::DType::kBFloat16;
   s.num_q_heads = 8;
   EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 128);
-  // A group of 24 splits into two chunks of 12 heads: 12 warps.
+  EXPECT_EQ(dg::kernels::pass1_resources(s).smem_bytes, 32800);
+  // bf16 GQA 4 runs on tensor cores (decode_policy.hpp, pass1_uses_tensor_cores): four warps, the
+  // same stages plus the 2,048-byte logit exchange = 34,848 bytes; 94 registers (vLLM layout) ->
+  // 3,008 per warp, allocated in 256s: 3,072 -> 21 warps -> 5 blocks; shared memory 35,872 -> 6.
+  // So 5.
+  s.num_q_heads = 32;
+  r = dg::kernels::pass1_resources(s);
+  EXPECT_EQ(r.threads, 128);
+  EXPECT_EQ(r.registers, 94);
+  EXPECT_EQ(r.smem_bytes, 34848);
+  EXPECT_EQ(blocks_per_sm(r), 5);
+  // On tensor cores the block stays four warps whatever the group: 8, and 24 (two chunks of 12).
+  s.num_q_heads = 64;
+  EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 128);
   s.num_q_heads = 24;
   s.num_kv_heads = 1;
+  EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 128);
+  EXPECT_EQ(dg::kernels::pass1_head_chunks(s), 2);
+  // fp32 keeps one warp per head: a group of 24 splits into two chunks of 12 heads = 12 warps.
+  s.dtype = dg::DType::kFloat32;
   EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 384);
 }

@@ -7,9 +7,11 @@
 //    the layout function, in every stage of the ring;
 //  - no bank conflicts: in every 8-thread phase of a 16-byte access (reads: the lanes of a warp as
 //    the math maps them; writes: the loader's threads) the chunks hit 8 distinct 16-byte bank groups.
-// The last check is what "breaking the swizzle" fails: the simulator cannot see bank conflicts.
+// The last check is what "breaking the swizzle" fails. Likewise for the tensor-core math's stages
+// and ldmatrix rows (TcPass1Policy).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -157,6 +159,107 @@ void check_all() {
 TEST(SmemLayout, BijectiveCoveredAndBankConflictFree) {
   check_all<2, 64, 80, 96, 112, 128, 192, 256>();
   check_all<4, 64, 80, 96, 112, 128, 192, 256>();
+}
+
+// The tensor-core math (TcPass1Policy): NHD rows padded to 8-chunk multiples and swizzled by the
+// token; the loader writes each real chunk once, conflict-free, and never a padding chunk; every
+// ldmatrix row a warp addresses holds the (token, chunk) or (d, token group) the mma fragment needs
+// (decode_policy.hpp), lies in a written chunk, and each 8-row matrix hits 8 bank groups; the warps'
+// K matrices together cover every (token, chunk) of the tile, their V matrices every d-tile.
+template <int D>
+void check_tc_config() {
+  using P = k::TcPass1Policy<2, D>;
+  constexpr int CPT = P::kChunksPerToken, NTOK = P::kTileTokens, NN = P::kTokenTiles, G = P::kVGroups;
+  SCOPED_TRACE("tensor cores D " + std::to_string(D));
+  // NHD: positions of real chunks, distinct, inside the operand's part.
+  std::set<long> nhd;
+  for (int t = 0; t < NTOK; ++t)
+    for (int c = 0; c < CPT; ++c) {
+      const int q = k::smem_pos_nhd<P>(t, c);
+      ASSERT_LT(q, P::kOperandChunks);
+      nhd.insert(q);
+    }
+  ASSERT_EQ(static_cast<int>(nhd.size()), NTOK * CPT);
+  // NHD loader: slot q = tid + u * 128 over the padded rows, padding skipped.
+  constexpr int kSlots = P::kOperandChunks, U = (kSlots + P::kLoaderThreads - 1) / P::kLoaderThreads;
+  std::set<long> written;
+  for (int u = 0; u < U; ++u)
+    for (int w = 0; w < P::kLoaderThreads; w += 32) {
+      std::vector<long> lanes(32, -1);
+      for (int l = 0; l < 32; ++l) {
+        const int q = w + l + u * P::kLoaderThreads;
+        if (q >= kSlots) continue;
+        const k::TileChunk ch = k::loader_chunk_nhd<P>(q);
+        if (ch.index >= CPT) continue;
+        lanes[l] = k::smem_pos_nhd<P>(ch.token, ch.index);
+        EXPECT_TRUE(written.insert(lanes[l]).second) << "NHD chunk written twice";
+      }
+      EXPECT_LE(warp_conflict(lanes), 1) << "tc NHD loader slot " << u << " warp " << w / 32;
+    }
+  EXPECT_EQ(written, nhd);
+  std::set<long> vk, vv;
+  for (int t = 0; t < NTOK; ++t)
+    for (int c = 0; c < CPT; ++c) vk.insert(k::smem_pos_vllm_k<P>(t, c));
+  for (int d = 0; d < D; ++d)
+    for (int g = 0; g < G; ++g) vv.insert(k::smem_pos_vllm_v<P>(d, g));
+
+  for (int layout = 0; layout < 2; ++layout) {
+    const bool vllm = layout == 0;
+    std::set<std::pair<int, int>> k_cover, v_cover;  // (token tile, chunk), (token group, d-tile)
+    for (int warp = 0; warp < P::kWarps; ++warp) {
+      for (int a = 0; a < (P::kKMatrices + 3) / 4; ++a) {
+        const int width = std::min(4, P::kKMatrices - 4 * a);
+        std::vector<long> lanes(32, -1);
+        for (int lane = 0; lane < 8 * width; ++lane) {
+          const int off = vllm ? k::tc_k_ldm_offset<P, KVLayout::kVLLM>(warp, lane, a)
+                               : k::tc_k_ldm_offset<P, KVLayout::kNHD>(warp, lane, a);
+          ASSERT_EQ(off % 16, 0);
+          const int mu = 4 * a + lane / 8, r = lane % 8;
+          const int token = 8 * (warp % NN) + r;
+          const int chunk = 2 * (warp / NN) * P::kKStepsPerWarp + mu;
+          const int real = std::min(chunk, CPT - 1);
+          ASSERT_EQ(off / 16, vllm ? k::smem_pos_vllm_k<P>(token, real) : k::smem_pos_nhd<P>(token, real))
+              << "K warp " << warp << " lane " << lane << " ldmatrix " << a;
+          if (chunk < CPT) k_cover.insert({warp % NN, chunk});
+          lanes[lane] = off / 16;
+        }
+        EXPECT_LE(warp_conflict(lanes), 1) << (vllm ? "vLLM" : "NHD") << " K ldmatrix " << a << " warp " << warp;
+      }
+      for (int a = 0; a < (P::kVMatrices + 3) / 4; ++a) {
+        const int width = std::min(4, P::kVMatrices - 4 * a);
+        std::vector<long> lanes(32, -1);
+        for (int lane = 0; lane < 8 * width; ++lane) {
+          const int off = vllm ? k::tc_v_ldm_offset<P, KVLayout::kVLLM>(warp, lane, a)
+                               : k::tc_v_ldm_offset<P, KVLayout::kNHD>(warp, lane, a);
+          const int mu = 4 * a + lane / 8, r = lane % 8;
+          const int h = mu % P::kPvHalves, pair = mu / P::kPvHalves;
+          const int kt = pair / P::kDTilesPerWarp, dt = warp * P::kDTilesPerWarp + pair % P::kDTilesPerWarp;
+          const int real = std::min(dt, P::kDTiles - 1);
+          const int group = 2 * kt + h;  // 8-token group of the tile
+          ASSERT_LT(group * 8, NTOK);
+          const long expect = vllm ? k::smem_pos_vllm_v<P>(8 * real + r, group) : k::smem_pos_nhd<P>(8 * group + r, real);
+          ASSERT_EQ(off / 16, expect) << "V warp " << warp << " lane " << lane << " ldmatrix " << a;
+          EXPECT_TRUE(vllm ? vv.count(expect) : nhd.count(expect)) << "V row never written";
+          if (dt < P::kDTiles) v_cover.insert({group, dt});
+          lanes[lane] = off / 16;
+        }
+        EXPECT_LE(warp_conflict(lanes), 1) << (vllm ? "vLLM" : "NHD") << " V ldmatrix " << a << " warp " << warp;
+      }
+    }
+    EXPECT_EQ(static_cast<int>(k_cover.size()), NN * CPT) << "K chunks no warp reads";
+    EXPECT_EQ(static_cast<int>(v_cover.size()), NTOK / 8 * P::kDTiles) << "V d-tiles no warp reads";
+  }
+  (void)vk;
+}
+
+TEST(SmemLayout, TensorCoreStagesAndLdmatrixRows) {
+  check_tc_config<64>();
+  check_tc_config<80>();
+  check_tc_config<96>();
+  check_tc_config<112>();
+  check_tc_config<128>();
+  check_tc_config<192>();
+  check_tc_config<256>();
 }
 
 TEST(SmemLayout, ConflictCounterSeesConflicts) {

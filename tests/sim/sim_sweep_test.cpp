@@ -3,7 +3,8 @@
 // kernel against the float64 reference, with padded rows left untouched. Lengths cover 1, 0
 // (padded row), bs-1, a partition size +-1 and a multi-partition length.
 // CI: one group shape per (block_size, layout), rotating through the list, and one thread order
-// per case (alternating). DECODEGRAPH_SIM_FULL=1: every group shape, both thread orders.
+// per case (alternating). DECODEGRAPH_SIM_FULL=1: every group shape, both thread orders. Each
+// launch also checks which pass-1 math ran (tensor cores for fp16 / bf16 with groups >= 4).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -116,21 +117,27 @@ void run_case(const Case& c) {
     a.alibi_slopes = static_cast<const float*>(slopes->p);
   }
   const dgtest::Tolerance t = tol(c.dtype);
-  auto run = [&](auto&& launch, const std::string& what) {
+  // Pass 1 runs on tensor cores exactly for fp16 / bf16 with groups of 4 or more (the launcher's
+  // rule, restated here so that a dispatch change cannot pass unnoticed); the naive kernel never.
+  const bool tensor_cores = c.dtype != DType::kFloat32 && c.q_heads / c.kv_heads >= 4;
+  auto run = [&](auto&& launch, const std::string& what, bool expect_mma) {
     sim_ok(cudaMemcpy(out.p, p->poisoned.data(), p->poisoned.bytes, cudaMemcpyHostToDevice), "poison");
+    const long mma_before = sim::mma_count();
     launch();
+    EXPECT_EQ(sim::mma_count() > mma_before, expect_mma) << what << ": tensor-core path "
+                                                         << (expect_mma ? "not taken" : "taken");
     sim_ok(cudaMemcpy(p->out.data(), out.p, p->poisoned.bytes, cudaMemcpyDeviceToHost), "fetch");
     EXPECT_TRUE(p->check(t)) << what;
     EXPECT_TRUE(p->padded_rows_untouched()) << what;
   };
-  run([&] { paged_attention_v1(a, nullptr); }, "V1 " + describe(c));
+  run([&] { paged_attention_v1(a, nullptr); }, "V1 " + describe(c), tensor_cores);
   for (int P : {p_large, p_small}) {
     const std::size_t wb = v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, P);
     Dev ws(wb);
     sim_ok(cudaMemset(ws.p, 0xff, wb), "cudaMemset");  // NaN: the merge reads only fresh partials
-    run([&] { paged_attention_v2(a, P, ws.p, wb, nullptr); }, "V2 " + describe(c, P));
+    run([&] { paged_attention_v2(a, P, ws.p, wb, nullptr); }, "V2 " + describe(c, P), tensor_cores);
   }
-  run([&] { naive::paged_attention_v1(a, nullptr); }, "naive " + describe(c));
+  run([&] { naive::paged_attention_v1(a, nullptr); }, "naive " + describe(c), false);
 }
 
 // Group shapes: GQA groups 1..32 (above 16 splits into head chunks), MHA 40/40, 64/8.

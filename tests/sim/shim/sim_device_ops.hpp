@@ -5,12 +5,17 @@
 // copy's group; so reading a stage before its wait and barrier, or overwriting one that another
 // thread still reads, turns the output into NaN. A thread that exits with copies it never waited
 // for fails the test. lds16 checks that it reads inside a __shared__ array. Both report their
-// shared address to the bank-conflict model.
+// shared address to the bank-conflict model. ldmatrix and mma are warp-collective rendezvous with
+// the PTX fragment layouts (sim_runtime.cpp, "tensor cores"); each lane's ldmatrix row address is a
+// shared access for the bank-conflict model too (one 8x8 matrix = one 8-lane phase).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
 #include "sim_runtime.hpp"
 
 namespace decodegraph::kernels::dev {
@@ -42,6 +47,19 @@ inline uint4 lds16(SmemAddr a, unsigned site = __builtin_LINE()) {
   uint4 v;
   std::memcpy(&v, src, sizeof v);
   return v;
+}
+
+template <int N, bool kTrans>
+inline void ldmatrix(uint32_t* r, SmemAddr a, unsigned site = __builtin_LINE()) {
+  static_assert(N == 2 || N == 4, "ldmatrix .x2 or .x4");
+  sim::ldmatrix(N, kTrans, r, reinterpret_cast<const void*>(a), site);
+}
+
+template <typename T>
+inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                         unsigned site = __builtin_LINE()) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "mma takes fp16 / bf16");
+  sim::mma_m16n8k16(std::is_same_v<T, __nv_bfloat16>, d, a, b0, b1, site);
 }
 
 }  // namespace decodegraph::kernels::dev

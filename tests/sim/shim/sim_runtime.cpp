@@ -1,5 +1,7 @@
 #include "sim_runtime.hpp"
 
+#include "decodegraph/numeric.hpp"
+
 #include <setjmp.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -87,7 +89,9 @@ struct Warp {
   int arrived = 0;
   long gen = 0;
   int kind = 0;
+  unsigned site = 0;  // call site of a payload collective (0 for the shuffles and syncwarp)
   float vals[32], snap[32];
+  unsigned char in[32][64], out[32][64];  // payload collectives (ldmatrix, mma)
 };
 std::vector<Warp> warps;
 std::mt19937_64 rng(std::getenv("DECODEGRAPH_SIM_SEED") ? std::strtoull(std::getenv("DECODEGRAPH_SIM_SEED"), nullptr, 10) : 1);
@@ -135,8 +139,12 @@ float warp_op(int kind, unsigned mask, float v, int arg, int width = 32) {
   const int tid = static_cast<int>(threadIdx.x);
   Warp& w = warps[tid / 32];
   const int lane = tid % 32;
-  if (w.arrived == 0) w.kind = kind;
-  else if (w.kind != kind) fail("lanes of one warp meet different warp ops at " + where());
+  if (w.arrived == 0) {
+    w.kind = kind;
+    w.site = 0;
+  } else if (w.kind != kind || w.site != 0) {
+    fail("lanes of one warp meet different warp ops at " + where());
+  }
   const long g = w.gen;
   w.vals[lane] = v;
   ++w.arrived;
@@ -152,6 +160,143 @@ float warp_op(int kind, unsigned mask, float v, int arg, int width = 32) {
   return w.snap[lane ^ arg];
 }
 }  // namespace
+
+// ---------------------------------------------------------------- tensor cores
+// ldmatrix and mma.sync are warp-collective: every lane deposits its operands, the 32nd to arrive
+// computes all lanes' results, each lane takes its own. All 32 lanes must arrive at the same call
+// site with the same operation (kind); a lane that never arrives deadlocks the block (reported), a
+// partial warp fails. Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
+// point type", Figures 79, 81 and 83; "ldmatrix", the 8x8 fragment figure), g = lane / 4, t = lane % 4:
+//   A a[0..3]: (row g, cols 2t, 2t+1), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..)
+//   B b0, b1:  (rows k = 2t, 2t+1, col g), (k = 2t + 8, 2t + 9, col g)
+//   C/D d[0..3]: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+//   ldmatrix: lane l addresses row l % 8 of matrix l / 8; register m of lane (g, t) holds
+//   elements (row g, cols 2t, 2t+1) of matrix m, or with .trans (rows 2t, 2t+1; col g).
+// Two 16-bit elements share a register, the lower-indexed one in the low half.
+// mma arithmetic: products of fp16 / bf16 are exact in fp32; they are summed onto C in k order in
+// fp32. The tensor cores' own summation order and rounding are not modelled (results are close to,
+// not bitwise equal to, the GPU's).
+namespace {
+enum : int { kKindMmaBf16 = 16, kKindMmaF16 = 17, kKindLdsm = 32 };  // + (num << 1 | trans) for ldmatrix
+long g_mma_count = 0;
+
+using Payload = unsigned char[64];
+using Collective = void (*)(const Payload* in, Payload* out, int arg);
+
+void warp_collective(int kind, unsigned site, const void* in, size_t n_in, void* out, size_t n_out,
+                     Collective fn, int arg) {
+  if (nthreads % 32 != 0) fail("warp op in a partial warp at " + where());
+  const int tid = static_cast<int>(threadIdx.x);
+  Warp& w = warps[tid / 32];
+  const int lane = tid % 32;
+  if (w.arrived == 0) {
+    w.kind = kind;
+    w.site = site;
+  } else if (w.kind != kind || w.site != site) {
+    fail("lanes of one warp meet different warp ops (ldmatrix / mma at line " + std::to_string(site) + ") at " +
+         where());
+  }
+  memcpy(w.in[lane], in, n_in);
+  const long g = w.gen;
+  ++w.arrived;
+  ++progress;
+  if (w.arrived == 32) {
+    fn(w.in, w.out, arg);
+    w.arrived = 0;
+    ++w.gen;
+  } else {
+    while (w.gen == g) yield();
+  }
+  memcpy(out, w.out[lane], n_out);
+}
+
+uint16_t half_of(uint32_t reg, int hi) { return static_cast<uint16_t>(hi ? reg >> 16 : reg & 0xffffu); }
+
+struct MmaIn {
+  uint32_t a[4];
+  uint32_t b[2];
+  float c[4];
+};
+
+void mma_compute(const Payload* in, Payload* out, int bf16) {
+  auto elem = [&](uint32_t reg, int hi) {
+    const uint16_t bits = half_of(reg, hi);
+    return bf16 ? decodegraph::bf16_bits_to_float(bits) : decodegraph::fp16_bits_to_float(bits);
+  };
+  float A[16][16], B[16][8], C[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    MmaIn v;
+    memcpy(&v, in[lane], sizeof v);
+    const int g = lane / 4, t = lane % 4;
+    for (int e = 0; e < 2; ++e) {
+      A[g][2 * t + e] = elem(v.a[0], e);
+      A[g + 8][2 * t + e] = elem(v.a[1], e);
+      A[g][2 * t + 8 + e] = elem(v.a[2], e);
+      A[g + 8][2 * t + 8 + e] = elem(v.a[3], e);
+      B[2 * t + e][g] = elem(v.b[0], e);
+      B[2 * t + 8 + e][g] = elem(v.b[1], e);
+    }
+    C[g][2 * t] = v.c[0];
+    C[g][2 * t + 1] = v.c[1];
+    C[g + 8][2 * t] = v.c[2];
+    C[g + 8][2 * t + 1] = v.c[3];
+  }
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      float acc = C[i][j];
+      for (int k = 0; k < 16; ++k) acc += A[i][k] * B[k][j];
+      C[i][j] = acc;
+    }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    const float d[4] = {C[g][2 * t], C[g][2 * t + 1], C[g + 8][2 * t], C[g + 8][2 * t + 1]};
+    memcpy(out[lane], d, sizeof d);
+  }
+  ++g_mma_count;
+}
+
+void ldsm_compute(const Payload* in, Payload* out, int arg) {
+  const int num = arg >> 1;
+  const bool trans = (arg & 1) != 0;
+  uint16_t M[4][8][8];  // [matrix][row][col]
+  for (int m = 0; m < num; ++m)
+    for (int r = 0; r < 8; ++r) {
+      const void* row;
+      memcpy(&row, in[8 * m + r], sizeof row);
+      memcpy(M[m][r], row, 16);  // checked when the lane deposited it
+    }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    uint32_t regs[4] = {0, 0, 0, 0};
+    for (int m = 0; m < num; ++m) {
+      const uint16_t lo = trans ? M[m][2 * t][g] : M[m][g][2 * t];
+      const uint16_t hi = trans ? M[m][2 * t + 1][g] : M[m][g][2 * t + 1];
+      regs[m] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+    memcpy(out[lane], regs, sizeof regs);
+  }
+}
+}  // namespace
+
+void ldmatrix(int num, bool trans, uint32_t* r, const void* row, unsigned site) {
+  if (num != 1 && num != 2 && num != 4) fail("ldmatrix .x" + std::to_string(num) + " at " + where());
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane < 8 * num) {  // the lanes whose addresses the instruction reads
+    check_shared(row, 16, "ldmatrix row");
+    shared_access(row, site);
+  }
+  uint32_t regs[4];
+  warp_collective(kKindLdsm + (num << 1 | (trans ? 1 : 0)), site, &row, sizeof row, regs, sizeof regs,
+                  ldsm_compute, num << 1 | (trans ? 1 : 0));
+  memcpy(r, regs, sizeof(uint32_t) * static_cast<size_t>(num));
+}
+
+void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, unsigned site) {
+  MmaIn v{{a[0], a[1], a[2], a[3]}, {b0, b1}, {d[0], d[1], d[2], d[3]}};
+  warp_collective(bf16 ? kKindMmaBf16 : kKindMmaF16, site, &v, sizeof v, d, sizeof d, mma_compute, bf16 ? 1 : 0);
+}
+
+long mma_count() { return g_mma_count; }
 
 void set_order(Order o) { g_order = o; }
 const char* order_name() {

@@ -77,6 +77,14 @@ void shared_access(const void* p, unsigned site);
 void cp_async(void* dst, const void* src, int src_bytes);
 void cp_async_commit();
 void cp_async_wait(int n);
+// Tensor-core model (sim_runtime.cpp, "tensor cores"): warp-collective rendezvous like the shuffles,
+// all 32 lanes at the same call site. ldmatrix .x{num}{.trans}: this lane's row address (lanes
+// 0 .. 8*num-1 are read); the registers follow the PTX fragment layout. mma.m16n8k16 with fp32
+// accumulation: d += A * B, A (4 registers) and B (2) of bf16 or fp16 pairs.
+void ldmatrix(int num, bool trans, uint32_t* r, const void* row, unsigned site);
+void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, unsigned site);
+// Warp-level mma operations completed since the process started (tests check that a path ran).
+long mma_count();
 // Thread order between sync points. kFromEnv reads DECODEGRAPH_SIM_ORDER (fwd, rev, shuffle).
 enum class Order { kFromEnv, kForward, kReverse, kShuffle };
 void set_order(Order o);

@@ -1,0 +1,23 @@
+// Explicit instantiations of the tensor-core pass-1 kernel (kernels/tensor_core_math.cuh) for
+// __half, vllm layout, every supported head size; launch_paged_decode (decode_fp16_vllm.cu) selects it for
+// GQA groups of 4 or more. One (dtype, layout) per file: the ten pass-1 files compile in parallel.
+#include "kernels/tensor_core_math.cuh"
+
+namespace decodegraph::kernels {
+
+template void enqueue_paged_decode_tc<__half, 64, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, 80, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, 96, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, 112, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, 128, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, 192, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, 256, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template int paged_decode_tc_blocks_per_sm<__half, 64, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__half, 80, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__half, 96, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__half, 112, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__half, 128, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__half, 192, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__half, 256, KVLayout::kVLLM>();
+
+}  // namespace decodegraph::kernels
