@@ -272,6 +272,7 @@ struct Executor::Impl {
   void check_staging_pointers(const StepInputs& in) const;
   void stage(const StepInputs& in, const BucketPlan& plan, int band_len);
   void stage_synthetic(const BucketPlan& plan);
+  void stage_synthetic_rows(const BucketPlan& plan);
   void join(std::size_t idx);
   void measure(std::size_t idx);
   bool bucket_measured(int bucket) const;
@@ -733,9 +734,34 @@ void Executor::Impl::stage(const StepInputs& in, const BucketPlan& plan, int ban
 }
 
 // Fills the staged buffers with a step of plan.batch sequences in the middle of the plan's band,
-// each over valid block ids, and no slots: what kMeasured times under CapturePolicy::kUpFront, when
-// no step has been staged yet. Only executor buffers change; the next step stages over them.
+// each over valid block ids, and no slots: what kMeasured times where no real step is staged for
+// the band (CapturePolicy::kUpFront; every band of a kDevice bucket). Only executor buffers change,
+// and the pinned host mirrors are put back as they were: they may hold the caller's inputs for the
+// step being run, written through host_staging(), which stage() then does not copy again.
 void Executor::Impl::stage_synthetic(const BucketPlan& plan) {
+  const std::size_t mb = static_cast<std::size_t>(cfg.max_batch);
+  const std::vector<int32_t> lens_kept(seq_lens_h, seq_lens_h + mb);
+  const std::vector<int64_t> slots_kept(slot_mapping_h, slot_mapping_h + mb);
+  const std::vector<int32_t> tables_kept(block_tables_h, block_tables_h + mb * cfg.max_blocks_per_seq);
+  struct Restore {  // on every path: a failed staging copy must not leave synthetic inputs behind
+    Impl& m;
+    const std::vector<int32_t>& lens;
+    const std::vector<int64_t>& slots;
+    const std::vector<int32_t>& tables;
+    ~Restore() {
+      try {
+        m.backend->wait_staging_reusable();  // the synthetic copies have read the mirrors
+      } catch (...) {
+      }
+      std::copy(lens.begin(), lens.end(), m.seq_lens_h);
+      std::copy(slots.begin(), slots.end(), m.slot_mapping_h);
+      std::copy(tables.begin(), tables.end(), m.block_tables_h);
+    }
+  } restore{*this, lens_kept, slots_kept, tables_kept};
+  stage_synthetic_rows(plan);
+}
+
+void Executor::Impl::stage_synthetic_rows(const BucketPlan& plan) {
   const int len = plan.band_lo + (plan.band_hi - plan.band_lo + 1) / 2;
   const int cols = (len + cfg.spec.block_size - 1) / cfg.spec.block_size;
   std::vector<int32_t> lens(plan.batch, len), tables(static_cast<std::size_t>(plan.batch) * cols);

@@ -382,6 +382,39 @@ TEST(BandSelectDevice, HostStagingAndTheCallersStreamWork) {
   EXPECT_EQ(ex.stats().total_captures, 1);
 }
 
+// kMeasured times every band of a kDevice bucket on synthetic inputs staged through the pinned
+// mirrors, during the first step; inputs the caller wrote into host_staging() for that very step
+// live in those mirrors and must survive it (the fuzzer found them replaced by the synthetic step).
+TEST(BandSelectDevice, MeasuringOnTheFirstStepKeepsInputsWrittenIntoHostStaging) {
+  World w(spec(DType::kFloat16), 1, 4, 2048, 211);
+  ExecutorConfig c = w.config(4, 2048);
+  c.policy = KernelPolicy::kMeasured;
+  c.capture = CapturePolicy::kLazy;
+  c.measure_replays = 1;
+  Executor ex(c);
+  for (const int longest : {1500, 600}) {
+    w.set_lens({longest, 33, 7});
+    w.fill_step(ex);
+    HostStaging h = ex.host_staging();
+    std::copy(w.lens.begin(), w.lens.end(), h.seq_lens.begin());
+    std::copy(w.slots.begin(), w.slots.end(), h.slot_mapping.begin());
+    for (int i = 0; i < 3; ++i)
+      std::copy(w.tables.begin() + i * w.stride, w.tables.begin() + (i + 1) * w.stride,
+                h.block_tables.begin() + i * h.block_table_stride);
+    StepInputs in = w.inputs();
+    in.seq_lens = h.seq_lens.data();
+    in.slot_mapping = h.slot_mapping.data();
+    in.block_tables = h.block_tables.data();
+    in.block_table_stride = h.block_table_stride;
+    const StepResult r = ex.step(in);
+    EXPECT_EQ(r.measured, longest == 1500) << "the bucket is measured on its first step only";
+    EXPECT_TRUE(w.check_layer(ex, 0)) << longest;
+    // The mirrors still hold what the caller wrote.
+    EXPECT_TRUE(std::equal(w.lens.begin(), w.lens.end(), h.seq_lens.begin())) << longest;
+    EXPECT_TRUE(std::equal(w.tables.begin(), w.tables.begin() + w.stride, h.block_tables.begin())) << longest;
+  }
+}
+
 TEST(BandSelectDevice, CaptureFiguresSideBySide) {
   // Graph counts under both modes for one config; the kDevice bucket graphs hold every band.
   World w(spec(), 2, 8, 16384, 211);
