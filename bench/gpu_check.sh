@@ -105,12 +105,13 @@ bin() {
 }
 
 # ---------------------------------------------------------------- GPU tests
-# Order: tests, then memcheck of the kernels, then the measurements (benchmarks, decode_loop), then
-# the slower sanitizer tools with whatever time is left: a slow tool costs sanitizer coverage, never
-# the numbers.
+# Order: tests, then memcheck of the kernels, then the measurements (decode_loop per band with its
+# bitwise check first, then the benchmarks), then the slower sanitizer tools with whatever time is
+# left: a slow tool costs sanitizer coverage, never the numbers.
 if ((built)); then
+  # The simulator's runs of the GPU tests (sim.*) are CPU tests, minutes each: not here.
   run_stage gpu-tests "$out/gpu_tests.log" 150 \
-    ctest --test-dir "$build" -R 'Gpu|GPU|gpu' -j 8 --output-on-failure --timeout 120 --no-tests=error \
+    ctest --test-dir "$build" -R 'Gpu|GPU|gpu' -E '^sim\.' -j 8 --output-on-failure --timeout 120 --no-tests=error \
     --output-junit "$out/gpu_tests.junit.xml"
   # A test that finds no usable device skips (e.g. a driver older than the CUDA runtime): count them,
   # so "PASS" with every test skipped is not read as a GPU pass.
@@ -141,6 +142,26 @@ if ((built)); then
   else
     note sanitizer SKIP 0 "compute-sanitizer or dg_gpu_kernel_tests not found"
   fi
+
+  # ---------------------------------------------------------------- decode_loop
+  loop=$(bin decode_loop bench)
+  if [[ -n $loop ]]; then
+    # Per band at batch 1, 8 and 64 (llama3-8b): every bucket captured up front (capture time and
+    # graph memory for all of them), segments that walk across 2K, 8192 and into 32K, eager vs graph
+    # checked bitwise on every step. Layers kept to what 64 x 32K tokens of cache allows.
+    for b in 1 8 64; do
+      layers=4
+      ((b == 64)) && layers=2
+      run_stage "decode-loop-b$b" "$out/decode_loop_b$b.txt" 75 "$loop" --backend cuda --no-progress \
+        --preset llama3-8b --batch "$b" --layers "$layers" --capture up-front --steps 24 \
+        --start-lens 400:480,1990:2030,8150:8180,30000:32000 --json "$out/decode_loop_b$b.json"
+    done
+    run_stage decode-loop "$out/decode_loop.txt" 90 "$loop" --backend cuda --no-progress \
+      --json "$out/decode_loop.json"
+  else
+    note decode-loop SKIP 0 "decode_loop not built"
+  fi
+
 
   # ---------------------------------------------------------------- benchmarks
   # Bounded, and in two runs with their own JSON (a run cut by its timeout loses only its own file).
@@ -176,25 +197,6 @@ if ((built)); then
     run_stage bench-step-band "$out/bench_step_band.log" 60 "$bench_step" \
       --benchmark_filter='backend:cuda/body:(empty|attention)/context:16/validation:cheap/inputs:device(_hint)?/band:(host|device)/batch:(1|64)$' \
       --benchmark_min_time=0.1 --benchmark_out="$out/bench_step_band.json" --benchmark_out_format=json
-  fi
-
-  # ---------------------------------------------------------------- decode_loop
-  loop=$(bin decode_loop bench)
-  if [[ -n $loop ]]; then
-    run_stage decode-loop "$out/decode_loop.txt" 90 "$loop" --backend cuda --no-progress \
-      --json "$out/decode_loop.json"
-    # Per band at batch 1, 8 and 64 (llama3-8b): every bucket captured up front (capture time and
-    # graph memory for all of them), segments that walk across 2K, 8192 and into 32K, eager vs graph
-    # checked bitwise on every step. Layers kept to what 64 x 32K tokens of cache allows.
-    for b in 1 8 64; do
-      layers=4
-      ((b == 64)) && layers=2
-      run_stage "decode-loop-b$b" "$out/decode_loop_b$b.txt" 75 "$loop" --backend cuda --no-progress \
-        --preset llama3-8b --batch "$b" --layers "$layers" --capture up-front --steps 24 \
-        --start-lens 400:480,1990:2030,8150:8180,30000:32000 --json "$out/decode_loop_b$b.json"
-    done
-  else
-    note decode-loop SKIP 0 "decode_loop not built"
   fi
 
   # ---------------------------------------------------------------- the other sanitizer tools
