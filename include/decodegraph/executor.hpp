@@ -270,9 +270,10 @@ struct StepInputs {
   MemorySpace space = MemorySpace::kHost;
   /// Optional upper bound on every seq_len of this step (0 = none). The band, and the block-table
   /// columns staged, come from it instead of from the lengths.
-  ///  - Device inputs: with a hint step() reads nothing back (no host synchronisation). Without one
-  ///    it copies seq_lens to the host synchronously on the step's stream, which also waits for all
-  ///    work queued there before, including the previous step's graph.
+  ///  - Device inputs: with a hint step() reads nothing back (no host synchronisation). Without one,
+  ///    under BandSelect::kHost it copies seq_lens to the host synchronously on the step's stream,
+  ///    which also waits for all work queued there before, including the previous step's graph;
+  ///    under kDevice (kCheap) it reads nothing back either: the graph finds the band itself.
   ///  - A hint below a real length is the caller's bug that kCheap cannot see for device inputs:
   ///    the kernels clamp each length to the band's upper edge and read table columns past the hint
   ///    that were not staged this step, so that sequence's output is wrong (never out of bounds).
