@@ -279,7 +279,7 @@ struct Executor::Impl {
   void measure_bucket(int bucket);
   void capture(std::size_t idx);
   void capture_slot(GraphSlot& slot, const std::string& what);
-  void record(const BucketPlan& plan);
+  void record(const BucketPlan& plan, int switch_bucket = -1);  // switch_bucket >= 0: kDevice
   void record_slot(GraphSlot& slot);
   void record_switch(GraphSlot& slot);
   BucketPlan bucket_graph_plan(int bucket) const;
@@ -889,8 +889,8 @@ void Executor::Impl::capture_slot(GraphSlot& slot, const std::string& what) {
 // Records one graph's work into the running capture: the step body (or every layer's append and
 // attention), then the copy of the bad-block flag to the host. NOTE(graph): the copy comes last, in
 // stream order after every launch that may set the flag.
-void Executor::Impl::record(const BucketPlan& plan) {
-  StepContext::Impl ctx_impl{this, &plan};
+void Executor::Impl::record(const BucketPlan& plan, int switch_bucket) {
+  StepContext::Impl ctx_impl{this, &plan, switch_bucket};
   StepContext ctx(&ctx_impl);
   if (body) {
     body(ctx);
@@ -911,7 +911,7 @@ void Executor::Impl::record_slot(GraphSlot& slot) {
 }
 
 // kDevice: the band-select node first (after staging, before any attention), then the step body
-// with every attention call a SWITCH node (attention_switch), then the flag copy as in record().
+// with every attention call a SWITCH node (attention_switch) and the flag copy: record() with the bucket.
 void Executor::Impl::record_switch(GraphSlot& slot) {
   const int b = slot.switch_bucket;
   kernels::BandSelectParams p;
@@ -922,17 +922,7 @@ void Executor::Impl::record_switch(GraphSlot& slot) {
   p.branch_counts = branch_counts + static_cast<std::size_t>(b) * num_bands;
   backend->band_select(p);
   switch_nodes = 0;
-  StepContext::Impl ctx_impl{this, &slot.plan, b};
-  StepContext ctx(&ctx_impl);
-  if (body) {
-    body(ctx);
-  } else {
-    for (int l = 0; l < cfg.num_layers; ++l) {
-      if (cfg.append_kv) ctx.append_kv(l);
-      ctx.attention(l);
-    }
-  }
-  backend->copy_to_host(bad_block_h, bad_block, sizeof(int));
+  record(slot.plan, b);
 }
 
 // What StepContext::plan() says while a kDevice bucket graph is recorded: the bucket's batch, every

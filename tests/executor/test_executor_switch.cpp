@@ -47,6 +47,23 @@ std::string kernel_that_runs(Executor& ex, const StepInputs& in) {
   return "no failure";
 }
 
+// The world's current inputs written into the executor's host staging buffers, and inputs that
+// point at them (step() then copies nothing on the host).
+StepInputs inputs_in_host_staging(Executor& ex, const World& w) {
+  HostStaging h = ex.host_staging();
+  std::copy(w.lens.begin(), w.lens.end(), h.seq_lens.begin());
+  std::copy(w.slots.begin(), w.slots.end(), h.slot_mapping.begin());
+  for (std::size_t i = 0; i < w.lens.size(); ++i)
+    std::copy(w.tables.begin() + i * w.stride, w.tables.begin() + (i + 1) * w.stride,
+              h.block_tables.begin() + i * h.block_table_stride);
+  StepInputs in = w.inputs();
+  in.seq_lens = h.seq_lens.data();
+  in.slot_mapping = h.slot_mapping.data();
+  in.block_tables = h.block_tables.data();
+  in.block_table_stride = h.block_table_stride;
+  return in;
+}
+
 TEST(BandSelectMath, FirstEdgeAtOrAboveTheLongestLengthAndClampedPastTheLast) {
   const std::vector<int> edges = {512, 1024, 8192, 8448};
   const int n = static_cast<int>(edges.size());
@@ -364,18 +381,7 @@ TEST(BandSelectDevice, HostStagingAndTheCallersStreamWork) {
   for (const int longest : {2048, 300}) {
     w.set_lens({longest, 5});
     w.fill_step(ex);
-    HostStaging h = ex.host_staging();
-    std::copy(w.lens.begin(), w.lens.end(), h.seq_lens.begin());
-    std::copy(w.slots.begin(), w.slots.end(), h.slot_mapping.begin());
-    for (int i = 0; i < 2; ++i)
-      std::copy(w.tables.begin() + i * w.stride, w.tables.begin() + (i + 1) * w.stride,
-                h.block_tables.begin() + i * h.block_table_stride);
-    StepInputs in = w.inputs();
-    in.seq_lens = h.seq_lens.data();
-    in.slot_mapping = h.slot_mapping.data();
-    in.block_tables = h.block_tables.data();
-    in.block_table_stride = h.block_table_stride;
-    ex.step(in, Stream{nullptr});
+    ex.step(inputs_in_host_staging(ex, w), Stream{nullptr});
     EXPECT_TRUE(w.check_layer(ex, 0)) << longest;
   }
   EXPECT_EQ(ex.stats().staging_copy_bytes, 0);
@@ -395,18 +401,8 @@ TEST(BandSelectDevice, MeasuringOnTheFirstStepKeepsInputsWrittenIntoHostStaging)
   for (const int longest : {1500, 600}) {
     w.set_lens({longest, 33, 7});
     w.fill_step(ex);
-    HostStaging h = ex.host_staging();
-    std::copy(w.lens.begin(), w.lens.end(), h.seq_lens.begin());
-    std::copy(w.slots.begin(), w.slots.end(), h.slot_mapping.begin());
-    for (int i = 0; i < 3; ++i)
-      std::copy(w.tables.begin() + i * w.stride, w.tables.begin() + (i + 1) * w.stride,
-                h.block_tables.begin() + i * h.block_table_stride);
-    StepInputs in = w.inputs();
-    in.seq_lens = h.seq_lens.data();
-    in.slot_mapping = h.slot_mapping.data();
-    in.block_tables = h.block_tables.data();
-    in.block_table_stride = h.block_table_stride;
-    const StepResult r = ex.step(in);
+    const StepResult r = ex.step(inputs_in_host_staging(ex, w));
+    const HostStaging h = ex.host_staging();
     EXPECT_EQ(r.measured, longest == 1500) << "the bucket is measured on its first step only";
     EXPECT_TRUE(w.check_layer(ex, 0)) << longest;
     // The mirrors still hold what the caller wrote.
