@@ -268,8 +268,9 @@ struct StepInputs {
   /// negative value to skip the append. Required when KV append runs. kFull checks the position.
   const int64_t* slot_mapping = nullptr;
   MemorySpace space = MemorySpace::kHost;
-  /// Optional upper bound on every seq_len of this step (0 = none). The band, and the block-table
-  /// columns staged, come from it instead of from the lengths.
+  /// Optional upper bound on every seq_len of this step (0 = none). The block-table columns staged
+  /// come from it instead of from the lengths, and so does the band under BandSelect::kHost (under
+  /// kDevice the graph picks the band from the staged lengths themselves).
   ///  - Device inputs: with a hint step() reads nothing back (no host synchronisation). Without one,
   ///    under BandSelect::kHost it copies seq_lens to the host synchronously on the step's stream,
   ///    which also waits for all work queued there before, including the previous step's graph;
@@ -278,7 +279,7 @@ struct StepInputs {
   ///    the kernels clamp each length to the band's upper edge and read table columns past the hint
   ///    that were not staged this step, so that sequence's output is wrong (never out of bounds).
   ///    kFull (which copies and checks everything) and host inputs reject it.
-  ///  - A hint above the longest length is valid; it may select a longer band than needed.
+  ///  - A hint above the longest length is valid; under kHost it may select a longer band than needed.
   int max_seq_len = 0;
 };
 
