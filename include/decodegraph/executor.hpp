@@ -312,6 +312,9 @@ struct StepResult {
 };
 
 class Executor;
+namespace detail {
+class Recorder;
+}
 
 /// Given to the step body while a bucket is captured. What it enqueues becomes the bucket's graph.
 class StepContext {
@@ -341,7 +344,7 @@ class StepContext {
   const int64_t* slot_mapping() const;
 
  private:
-  friend class Executor;
+  friend class detail::Recorder;  // records the graphs the body runs in (executor/recorder.cpp)
   struct Impl;
   explicit StepContext(Impl* impl) : impl_(impl) {}
   Impl* impl_;

@@ -7,17 +7,30 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "decodegraph/error.hpp"
 #include "decodegraph/numeric.hpp"
 #include "decodegraph/types.hpp"
 
 namespace dgtest {
 
 using decodegraph::DType;
+
+/// Runs fn, which must throw a decodegraph::Error whose message contains every one of `parts`.
+inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no Error thrown; expected one mentioning " << parts.front();
+  } catch (const decodegraph::Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
 
 /// Uniform random values in [lo, hi), rounded to dtype, into n elements of buf.
 inline void fill_uniform(DType dtype, void* buf, std::size_t n, std::mt19937_64& rng, float lo = -1.f,

@@ -25,15 +25,7 @@ AttentionSpec spec() {
   return s;
 }
 
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no Error thrown; expected one mentioning " << parts.front();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
+using dgtest::expect_error;
 
 class BadStep : public ::testing::Test {
  protected:

@@ -1,0 +1,123 @@
+// Layers and their buffers (layers.hpp).
+#include "executor/layers.hpp"
+
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "decodegraph/error.hpp"
+#include "executor/log.hpp"
+#include "executor/plan.hpp"
+
+namespace decodegraph::detail {
+
+LayerSet::LayerSet(const ExecutorConfig& config, Backend& backend, Allocations& memory, MemoryLedger& ledger)
+    : cfg_(config), backend_(backend), memory_(memory), ledger_(ledger), owned_(config.num_layers) {}
+
+std::size_t LayerSet::q_bytes() const {
+  return static_cast<std::size_t>(cfg_.max_batch) * cfg_.spec.num_q_heads * cfg_.spec.head_size *
+         dtype_size(cfg_.spec.dtype);
+}
+
+std::size_t LayerSet::kv_token_bytes() const {
+  return static_cast<std::size_t>(cfg_.max_batch) * cfg_.spec.num_kv_heads * cfg_.spec.head_size *
+         dtype_size(cfg_.spec.dtype);
+}
+
+void LayerSet::check_layer(int layer) const {
+  if (layer < 0 || layer >= cfg_.num_layers)
+    throw_invalid("layer", layer, "0..num_layers-1 = 0.." + std::to_string(cfg_.num_layers - 1));
+}
+
+void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const {
+  const std::size_t esize = dtype_size(cfg_.spec.dtype);
+  const std::size_t need_cache = cache_bytes_needed(cfg_);
+  const std::size_t block_bytes = cfg_.spec.block_elems() * esize;
+  const int64_t q_row = static_cast<int64_t>(cfg_.spec.num_q_heads) * cfg_.spec.head_size;
+  const int64_t kv_row = static_cast<int64_t>(cfg_.spec.num_kv_heads) * cfg_.spec.head_size;
+  // Rows of a strided buffer: the last one starts (max_batch - 1) strides in.
+  auto rows_bytes = [&](int64_t stride, int64_t row) {
+    const int64_t s = stride != 0 ? stride : row;
+    return static_cast<std::size_t>((cfg_.max_batch - 1) * s + row) * esize;
+  };
+  const std::string cache_text = "at least num_blocks x block bytes = " + std::to_string(cfg_.num_blocks) + " x " +
+                                 std::to_string(block_bytes) + " = " + std::to_string(need_cache) + " bytes";
+  auto rows_text = [&](std::size_t bytes) {
+    return "at least max_batch = " + std::to_string(cfg_.max_batch) + " rows at its stride = " +
+           std::to_string(bytes) + " bytes";
+  };
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const LayerBuffers& lb = given[l];
+    const std::string p = "layers[" + std::to_string(l) + "].";
+    auto check = [&](const void* ptr, const char* name, std::size_t need, const std::string& need_text) {
+      if (ptr == nullptr) return;
+      const AddressRange r = backend_.address_range(ptr);
+      if (r.kind == AddressRange::kHostOnly)
+        throw_invalid(p + name, ptr_text(ptr), "device memory (this is host memory the GPU cannot read)");
+      if (r.kind == AddressRange::kDevice && r.bytes_from_ptr < need)
+        throw_invalid(p + name,
+                      ptr_text(ptr) + " with " + std::to_string(r.bytes_from_ptr) +
+                          " bytes to the end of its allocation (cuMemGetAddressRange)",
+                      need_text);
+    };
+    check(lb.k_cache, "k_cache", need_cache, cache_text);
+    check(lb.v_cache, "v_cache", need_cache, cache_text);
+    const std::size_t qb = rows_bytes(lb.q_stride, q_row), ob = rows_bytes(lb.out_stride, q_row);
+    const std::size_t kb = rows_bytes(lb.new_key_stride, kv_row), vb = rows_bytes(lb.new_value_stride, kv_row);
+    check(lb.q, "q", qb, rows_text(qb));
+    check(lb.out, "out", ob, rows_text(ob));
+    check(lb.new_key, "new_key", kb, rows_text(kb));
+    check(lb.new_value, "new_value", vb, rows_text(vb));
+  }
+}
+
+void LayerSet::check_rebind(const std::vector<LayerBuffers>& given, std::size_t graph_bytes) const {
+  check_layer_buffers(given, cfg_);
+  check_device_ranges(given);
+  const std::size_t extra = owned_bytes_missing(given);
+  if (ledger_.budget == 0 || extra == 0) return;
+  const std::size_t total = ledger_.static_bytes + ledger_.workspace_bytes + graph_bytes + extra;
+  if (total > ledger_.budget)
+    throw_invalid("memory_budget_bytes", ledger_.budget,
+                  ">= " + std::to_string(total) +
+                      " bytes to own the layer buffers left null in rebind_layers, or 0 for unlimited");
+}
+
+std::size_t LayerSet::owned_bytes_missing(const std::vector<LayerBuffers>& given) const {
+  std::size_t n = 0;
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const LayerBuffers& lb = given[l];
+    const OwnedLayer& o = owned_[l];
+    if (!lb.q && !o.q) n += q_bytes();
+    if (!lb.out && !o.out) n += q_bytes();
+    if (!lb.new_key && !o.new_key) n += kv_token_bytes();
+    if (!lb.new_value && !o.new_value) n += kv_token_bytes();
+  }
+  return n;
+}
+
+std::vector<LayerBuffers> LayerSet::resolve(const std::vector<LayerBuffers>& given) {
+  std::vector<LayerBuffers> out = given;
+  auto own = [&](void*& slot, void*& owned, std::size_t bytes) {
+    if (slot) return;
+    if (!owned) {
+      owned = memory_.device(bytes);
+      ledger_.static_bytes += bytes;
+    }
+    slot = owned;
+  };
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    OwnedLayer& o = owned_[l];
+    own(out[l].q, o.q, q_bytes());
+    own(out[l].out, o.out, q_bytes());
+    own(out[l].new_key, o.new_key, kv_token_bytes());
+    own(out[l].new_value, o.new_value, kv_token_bytes());
+  }
+  return out;
+}
+
+std::vector<LayerBuffers> LayerSet::swap(std::vector<LayerBuffers> resolved) {
+  return std::exchange(layers_, std::move(resolved));
+}
+
+}  // namespace decodegraph::detail

@@ -1,0 +1,60 @@
+// Layers and their buffers (internal): the per-layer buffers the graphs bind, resolved (the caller's,
+// or executor-owned q / out / new K / new V where the caller left them null), and the checks a layer
+// list passes at construction and in rebind_layers.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "decodegraph/executor.hpp"
+#include "executor/backend.hpp"
+#include "executor/memory.hpp"
+
+namespace decodegraph::detail {
+
+class LayerSet {
+ public:
+  /// Allocates nothing: resolve() does, on first need.
+  LayerSet(const ExecutorConfig& config, Backend& backend, Allocations& memory, MemoryLedger& ledger);
+
+  /// What the driver says about each caller buffer's allocation (CUDA; the host backend knows
+  /// nothing and only the sizes given in LayerBuffers are checked, by check_layer_buffers). Throws
+  /// InvalidArgument for host memory or an allocation too small for the spec.
+  void check_device_ranges(const std::vector<LayerBuffers>& given) const;
+  /// Every check rebind_layers makes before it changes anything: the constructor's layer checks,
+  /// the driver's ranges, and the memory budget for owned buffers not allocated yet (with
+  /// `graph_bytes` of graphs held).
+  void check_rebind(const std::vector<LayerBuffers>& given, std::size_t graph_bytes) const;
+  /// Bytes of executor-owned layer buffers `given` needs that are not allocated yet.
+  std::size_t owned_bytes_missing(const std::vector<LayerBuffers>& given) const;
+  /// `given` with every null q/out/new K/V replaced by the layer's executor-owned buffer (allocated
+  /// the first time it is needed, counted in the ledger's static bytes; contiguous). Owned buffers
+  /// are kept when a rebind hands a layer's buffer to the caller, and reused when one hands it back.
+  std::vector<LayerBuffers> resolve(const std::vector<LayerBuffers>& given);
+  /// Makes `resolved` the layers in effect and returns the previous ones.
+  std::vector<LayerBuffers> swap(std::vector<LayerBuffers> resolved);
+
+  /// The buffers of layer l in effect (check_layer first where l is the caller's).
+  const LayerBuffers& operator[](int l) const { return layers_[static_cast<std::size_t>(l)]; }
+  /// Throws InvalidArgument unless 0 <= layer < num_layers.
+  void check_layer(int layer) const;
+
+ private:
+  std::size_t q_bytes() const;
+  std::size_t kv_token_bytes() const;
+
+  const ExecutorConfig& cfg_;
+  Backend& backend_;
+  Allocations& memory_;
+  MemoryLedger& ledger_;
+  std::vector<LayerBuffers> layers_;  // resolved
+  struct OwnedLayer {                 // null where the caller gives the buffer
+    void* q = nullptr;
+    void* out = nullptr;
+    void* new_key = nullptr;
+    void* new_value = nullptr;
+  };
+  std::vector<OwnedLayer> owned_;
+};
+
+}  // namespace decodegraph::detail

@@ -1,0 +1,291 @@
+// Input validation and staging (staging.hpp).
+#include "executor/staging.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "decodegraph/error.hpp"
+#include "executor/log.hpp"
+
+namespace decodegraph::detail {
+namespace {
+
+/// True when [p, p + n) overlaps [base, base + bytes).
+bool overlaps(const void* p, std::size_t n, const void* base, std::size_t bytes) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(base);
+  return a < b + bytes && b < a + std::max<std::size_t>(n, 1);
+}
+
+}  // namespace
+
+std::size_t StepStaging::device_bytes(const ExecutorConfig& c) {
+  const std::size_t mb = static_cast<std::size_t>(c.max_batch);
+  return mb * sizeof(int32_t) + mb * c.max_blocks_per_seq * sizeof(int32_t) + mb * sizeof(int64_t);
+}
+
+StepStaging::StepStaging(const ExecutorConfig& config, BandSelect band_mode, Backend& backend, Allocations& memory)
+    : cfg_(config), band_mode_(band_mode), backend_(backend) {
+  const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
+  const std::size_t seq_bytes = mb * sizeof(int32_t);
+  const std::size_t slot_bytes = mb * sizeof(int64_t);
+  dev_.seq_lens = static_cast<int32_t*>(memory.device(seq_bytes));
+  dev_.block_tables = static_cast<int32_t*>(memory.device(mirror_table_bytes()));
+  dev_.slot_mapping = static_cast<int64_t*>(memory.device(slot_bytes));
+  seq_lens_h_ = static_cast<int32_t*>(memory.host(seq_bytes));
+  block_tables_h_ = static_cast<int32_t*>(memory.host(mirror_table_bytes()));
+  slot_mapping_h_ = static_cast<int64_t*>(memory.host(slot_bytes));
+  seq_scratch_.resize(mb);
+  slot_scratch_.resize(mb);
+}
+
+std::size_t StepStaging::mirror_table_bytes() const {
+  return static_cast<std::size_t>(cfg_.max_batch) * cfg_.max_blocks_per_seq * sizeof(int32_t);
+}
+
+// ---------------------------------------------------------------- validation
+
+Lengths StepStaging::validate(const StepInputs& in) {
+  if (in.num_seqs < 1 || in.num_seqs > cfg_.max_batch)
+    throw_invalid("inputs.num_seqs", in.num_seqs, "1..max_batch = 1.." + std::to_string(cfg_.max_batch));
+  if (in.space != MemorySpace::kHost && in.space != MemorySpace::kDevice)
+    throw_invalid("inputs.space", static_cast<int>(in.space), "kHost or kDevice");
+  if (!in.seq_lens) throw_invalid("inputs.seq_lens", "null", "a pointer to num_seqs lengths");
+  if (!in.block_tables) throw_invalid("inputs.block_tables", "null", "a pointer to num_seqs block-table rows");
+  if (!in.slot_mapping && cfg_.append_kv)
+    throw_invalid("inputs.slot_mapping", "null", "a pointer to num_seqs slots (append_kv is on)");
+  if (in.max_seq_len < 0 || in.max_seq_len > cfg_.max_seq_len)
+    throw_invalid("inputs.max_seq_len", in.max_seq_len,
+                  "0 (no hint) or 1..max_seq_len = 1.." + std::to_string(cfg_.max_seq_len));
+  check_staging_pointers(in);
+  const int hint = in.max_seq_len;
+  const bool device = in.space == MemorySpace::kDevice;
+  const bool full = cfg_.validation == ValidationLevel::kFull;
+
+  // Lengths: read unless they are on the device, a hint gives the band and kCheap trusts them.
+  const bool read_lens = !device || (hint == 0 && band_mode_ == BandSelect::kHost) || full;
+  const int32_t* lens = in.seq_lens;
+  int max_len = 0;
+  if (read_lens) {
+    if (device) {
+      backend_.download(seq_scratch_.data(), in.seq_lens, in.num_seqs * sizeof(int32_t), in.space);
+      ++input_downloads_;
+      lens = seq_scratch_.data();
+    }
+    max_len = check_lengths(in, lens);
+  }
+  const int band_len = hint != 0 ? hint : max_len;
+  const int bs = cfg_.spec.block_size;
+  if (band_len == 0 && in.block_table_stride < 1)  // lengths unknown here (kDevice, device inputs)
+    throw_invalid("inputs.block_table_stride", in.block_table_stride, ">= 1");
+  const int need_cols = (band_len + bs - 1) / bs;
+  if (in.block_table_stride < need_cols)
+    throw_invalid("inputs.block_table_stride", in.block_table_stride,
+                  ">= ceil(" + std::string(hint != 0 ? "max_seq_len hint " : "max seq_len ") +
+                      std::to_string(band_len) + " / block_size " + std::to_string(bs) + ") = " +
+                      std::to_string(need_cols));
+  if (full) check_tables_and_slots(in, lens);
+  return Lengths{band_len, max_len};
+}
+
+// Every length in 1..max_seq_len and within the hint; returns the longest.
+int StepStaging::check_lengths(const StepInputs& in, const int32_t* lens) const {
+  const int n = in.num_seqs;
+  int max_len = 0;
+  for (int i = 0; i < n; ++i) {
+    const int len = lens[i];
+    if (len < 1 || len > cfg_.max_seq_len)
+      throw_invalid("inputs.seq_lens[" + std::to_string(i) + "]", len,
+                    "1..max_seq_len = 1.." + std::to_string(cfg_.max_seq_len));
+    max_len = std::max(max_len, len);
+  }
+  if (in.max_seq_len != 0 && max_len > in.max_seq_len) {
+    const int i = static_cast<int>(std::find(lens, lens + n, max_len) - lens);
+    throw_invalid("inputs.max_seq_len", in.max_seq_len,
+                  ">= every seq_len (seq_lens[" + std::to_string(i) + "] = " + std::to_string(max_len) +
+                      "), or 0 for no hint");
+  }
+  return max_len;
+}
+
+// kFull: every block id a length uses, and every slot (range, and the position seq_len - 1).
+void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* lens) {
+  const int n = in.num_seqs;
+  const int bs = cfg_.spec.block_size;
+  const int32_t* bt = in.block_tables;
+  const int64_t* slots = in.slot_mapping;
+  if (in.space == MemorySpace::kDevice) {
+    const std::size_t entries = static_cast<std::size_t>(n) * in.block_table_stride;
+    if (bt_scratch_.size() < entries) bt_scratch_.resize(entries);  // grows once per new maximum
+    backend_.download(bt_scratch_.data(), in.block_tables, entries * sizeof(int32_t), in.space);
+    ++input_downloads_;
+    bt = bt_scratch_.data();
+    if (slots) {
+      backend_.download(slot_scratch_.data(), in.slot_mapping, n * sizeof(int64_t), in.space);
+      ++input_downloads_;
+      slots = slot_scratch_.data();
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const int used = (lens[i] + bs - 1) / bs;
+    const int32_t* row = bt + static_cast<std::size_t>(i) * in.block_table_stride;
+    for (int j = 0; j < used; ++j)
+      if (row[j] < 0 || row[j] >= cfg_.num_blocks)
+        throw_invalid("inputs.block_tables[" + std::to_string(i) + "][" + std::to_string(j) + "]",
+                      row[j], "0..num_blocks-1 = 0.." + std::to_string(cfg_.num_blocks - 1));
+  }
+  if (!slots) return;
+  const int64_t cap = static_cast<int64_t>(cfg_.num_blocks) * bs;
+  for (int i = 0; i < n; ++i)
+    if (slots[i] >= cap)
+      throw_invalid("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i],
+                    "negative (skip) or 0..num_blocks*block_size-1 = 0.." + std::to_string(cap - 1));
+  // seq_lens includes this step's token, so its slot is that of position seq_len - 1. A slot of
+  // position seq_len (lengths counted before the append) is the classic off-by-one: the attention
+  // would read a stale token at seq_len - 1 and the new one would land past the length.
+  for (int i = 0; i < n; ++i) {
+    if (slots[i] < 0) continue;
+    const int pos = lens[i] - 1;
+    const int col = pos / bs;
+    const int64_t block = bt[static_cast<std::size_t>(i) * in.block_table_stride + col];
+    const int64_t want = block * bs + pos % bs;
+    if (slots[i] != want)
+      throw_invalid("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i],
+                    "negative (skip) or the slot of position seq_len - 1 = " + std::to_string(pos) +
+                        " (seq_lens counts the token appended this step): block_tables[" + std::to_string(i) +
+                        "][" + std::to_string(col) + "] * block_size + " + std::to_string(pos % bs) + " = " +
+                        std::to_string(block) + " * " + std::to_string(bs) + " + " + std::to_string(pos % bs) +
+                        " = " + std::to_string(want));
+  }
+}
+
+// Inputs may point at the host staging buffers (host_staging()), but only as handed out: each at its
+// buffer's start, the table at its pitch, in host space. Anything else overlapping them would be
+// copied onto itself.
+void StepStaging::check_staging_pointers(const StepInputs& in) const {
+  const std::size_t n = static_cast<std::size_t>(in.num_seqs);
+  const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
+  auto check = [&](const void* p, std::size_t bytes, const void* base, std::size_t base_bytes, const char* name) {
+    if (p == base || !overlaps(p, bytes, base, base_bytes)) return;
+    throw_invalid(std::string("inputs.") + name, ptr_text(p),
+                  std::string("a buffer outside the host staging buffers, or exactly host_staging().") + name);
+  };
+  check(in.seq_lens, n * sizeof(int32_t), seq_lens_h_, mb * sizeof(int32_t), "seq_lens");
+  check(in.slot_mapping, n * sizeof(int64_t), slot_mapping_h_, mb * sizeof(int64_t), "slot_mapping");
+  const std::size_t rows = in.block_table_stride > 0 ? n * static_cast<std::size_t>(in.block_table_stride) : n;
+  check(in.block_tables, rows * sizeof(int32_t), block_tables_h_, mirror_table_bytes(), "block_tables");
+  const bool any =
+      in.seq_lens == seq_lens_h_ || in.slot_mapping == slot_mapping_h_ || in.block_tables == block_tables_h_;
+  if (any && in.space != MemorySpace::kHost)
+    throw_invalid("inputs.space", "kDevice", "kHost for inputs in the host staging buffers");
+  if (in.block_tables == block_tables_h_ && in.block_table_stride != cfg_.max_blocks_per_seq)
+    throw_invalid("inputs.block_table_stride", in.block_table_stride,
+                  "host_staging().block_table_stride = " + std::to_string(cfg_.max_blocks_per_seq) +
+                      " for block_tables in the host staging buffer");
+}
+
+// ---------------------------------------------------------------- staging
+
+void StepStaging::stage(const StepInputs& in, int batch, int band_len) {
+  const int n = in.num_seqs;
+  const int slots = in.slot_mapping ? n : 0;  // rows [slots, batch) get slot -1
+  // band_len 0: the lengths were not read (kDevice, device inputs): every column the row may use.
+  const std::size_t cols =
+      band_len > 0 ? static_cast<std::size_t>((band_len + cfg_.spec.block_size - 1) / cfg_.spec.block_size)
+                   : static_cast<std::size_t>(std::min(in.block_table_stride, cfg_.max_blocks_per_seq));
+  backend_.wait_staging_reusable();
+  if (in.space == MemorySpace::kHost) {
+    stage_host(in, batch, cols);
+  } else {
+    const std::size_t dpitch = static_cast<std::size_t>(cfg_.max_blocks_per_seq) * sizeof(int32_t);
+    const std::size_t spitch = static_cast<std::size_t>(in.block_table_stride) * sizeof(int32_t);
+    const int pad = batch - n;
+    backend_.stage_2d(dev_.seq_lens, 0, in.seq_lens, 0, n * sizeof(int32_t), 1, in.space);
+    if (pad) backend_.stage_fill(dev_.seq_lens + n, 0, pad * sizeof(int32_t));
+    if (slots) backend_.stage_2d(dev_.slot_mapping, 0, in.slot_mapping, 0, slots * sizeof(int64_t), 1, in.space);
+    if (slots < batch)
+      backend_.stage_fill(dev_.slot_mapping + slots, 0xff, (batch - slots) * sizeof(int64_t));  // -1
+    backend_.stage_2d(dev_.block_tables, dpitch, in.block_tables, spitch, cols * sizeof(int32_t), n, in.space);
+  }
+  backend_.staging_done();
+}
+
+// Host inputs: into the pinned mirrors (unless already there), padded rows filled, then one DMA each.
+void StepStaging::stage_host(const StepInputs& in, int batch, std::size_t cols) {
+  const int n = in.num_seqs;
+  const int slots = in.slot_mapping ? n : 0;
+  const std::size_t dpitch = static_cast<std::size_t>(cfg_.max_blocks_per_seq) * sizeof(int32_t);
+  const std::size_t spitch = static_cast<std::size_t>(in.block_table_stride) * sizeof(int32_t);
+  const std::size_t width = cols * sizeof(int32_t);
+  if (in.seq_lens != seq_lens_h_) {
+    std::memcpy(seq_lens_h_, in.seq_lens, n * sizeof(int32_t));
+    staging_copy_bytes_ += n * sizeof(int32_t);
+  }
+  std::fill(seq_lens_h_ + n, seq_lens_h_ + batch, 0);
+  if (slots && in.slot_mapping != slot_mapping_h_) {
+    std::memcpy(slot_mapping_h_, in.slot_mapping, slots * sizeof(int64_t));
+    staging_copy_bytes_ += slots * sizeof(int64_t);
+  }
+  std::fill(slot_mapping_h_ + slots, slot_mapping_h_ + batch, int64_t{-1});
+  if (in.block_tables != block_tables_h_) {
+    for (int i = 0; i < n; ++i)
+      std::memcpy(reinterpret_cast<char*>(block_tables_h_) + i * dpitch,
+                  reinterpret_cast<const char*>(in.block_tables) + i * spitch, width);
+    staging_copy_bytes_ += static_cast<long long>(n) * width;
+  }
+  backend_.stage_2d(dev_.seq_lens, 0, seq_lens_h_, 0, batch * sizeof(int32_t), 1, MemorySpace::kHost);
+  backend_.stage_2d(dev_.slot_mapping, 0, slot_mapping_h_, 0, batch * sizeof(int64_t), 1, MemorySpace::kHost);
+  backend_.stage_2d(dev_.block_tables, dpitch, block_tables_h_, dpitch, width, n, MemorySpace::kHost);
+}
+
+void StepStaging::stage_synthetic(const BucketPlan& plan) {
+  const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
+  const std::vector<int32_t> lens_kept(seq_lens_h_, seq_lens_h_ + mb);
+  const std::vector<int64_t> slots_kept(slot_mapping_h_, slot_mapping_h_ + mb);
+  const std::vector<int32_t> tables_kept(block_tables_h_, block_tables_h_ + mb * cfg_.max_blocks_per_seq);
+  struct Restore {  // on every path: a failed staging copy must not leave synthetic inputs behind
+    StepStaging& s;
+    const std::vector<int32_t>& lens;
+    const std::vector<int64_t>& slots;
+    const std::vector<int32_t>& tables;
+    ~Restore() {
+      try {
+        s.backend_.wait_staging_reusable();  // the synthetic copies have read the mirrors
+      } catch (...) {
+      }
+      std::copy(lens.begin(), lens.end(), s.seq_lens_h_);
+      std::copy(slots.begin(), slots.end(), s.slot_mapping_h_);
+      std::copy(tables.begin(), tables.end(), s.block_tables_h_);
+    }
+  } restore{*this, lens_kept, slots_kept, tables_kept};
+  stage_synthetic_rows(plan);
+}
+
+void StepStaging::stage_synthetic_rows(const BucketPlan& plan) {
+  const int len = plan.band_lo + (plan.band_hi - plan.band_lo + 1) / 2;
+  const int cols = (len + cfg_.spec.block_size - 1) / cfg_.spec.block_size;
+  std::vector<int32_t> lens(plan.batch, len), tables(static_cast<std::size_t>(plan.batch) * cols);
+  for (std::size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i % cfg_.num_blocks);
+  StepInputs in;
+  in.num_seqs = plan.batch;
+  in.seq_lens = lens.data();
+  in.block_tables = tables.data();
+  in.block_table_stride = cols;
+  const long long copied = staging_copy_bytes_;  // not a step's copy
+  stage(in, plan.batch, len);
+  staging_copy_bytes_ = copied;
+}
+
+HostStaging StepStaging::host_staging() {
+  backend_.wait_staging_reusable();
+  const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
+  HostStaging h;
+  h.seq_lens = std::span<int32_t>(seq_lens_h_, mb);
+  h.block_tables = std::span<int32_t>(block_tables_h_, mb * cfg_.max_blocks_per_seq);
+  h.block_table_stride = cfg_.max_blocks_per_seq;
+  h.slot_mapping = std::span<int64_t>(slot_mapping_h_, mb);
+  return h;
+}
+
+}  // namespace decodegraph::detail

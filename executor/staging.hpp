@@ -1,0 +1,90 @@
+// Input validation and staging (internal): what step() checks about a StepInputs, and the copy of
+// its lengths, block tables and slots into the static buffers every graph reads.
+//
+// NOTE(graph): the staged buffers are executor memory at fixed addresses, bound into every captured
+// launch; what changes between steps is written into them here, never baked into a launch. The
+// pinned host mirrors in front of them are what host_staging() hands out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "decodegraph/executor.hpp"
+#include "executor/backend.hpp"
+#include "executor/memory.hpp"
+
+namespace decodegraph::detail {
+
+/// What validate() learnt about the lengths: band_len sizes the band (kHost) and the staged table
+/// columns (0: not known, device inputs under kDevice without a hint); max_len is the longest
+/// length when the lengths were read on the host, else 0.
+struct Lengths {
+  int band_len = 0;
+  int max_len = 0;
+};
+
+/// Device addresses of the staged inputs (executor memory, fixed for the executor's lifetime).
+struct StagedInputs {
+  int32_t* seq_lens = nullptr;      // [max_batch]
+  int32_t* block_tables = nullptr;  // [max_batch, max_blocks_per_seq]
+  int64_t* slot_mapping = nullptr;  // [max_batch]
+};
+
+class StepStaging {
+ public:
+  /// Device bytes the constructor allocates for `config` (for the budget, before allocating).
+  static std::size_t device_bytes(const ExecutorConfig& config);
+  /// `band_mode`: the band choice in effect; under kDevice device-resident lengths need not be read.
+  StepStaging(const ExecutorConfig& config, BandSelect band_mode, Backend& backend, Allocations& memory);
+
+  /// Checks the inputs (docs/bad-input.md) and returns what it learnt about the lengths: the
+  /// max_seq_len hint when given, else the largest seq_len. Host inputs: every length is checked
+  /// (and against the hint). Device-resident inputs without a hint are copied to the host under
+  /// kHost (num_seqs * 4 bytes, synchronously on the step's stream) to find the band; with one,
+  /// or under kDevice, nothing is read back under kCheap. kFull copies and checks everything:
+  /// lengths (against the hint too), every block id a length uses, and every slot (range, and the
+  /// position seq_len - 1 of its sequence). Throws InvalidArgument; nothing is staged.
+  Lengths validate(const StepInputs& in);
+  /// Copies the inputs into the static buffers for a bucket of `batch` rows. Rows [num_seqs,
+  /// batch) get seq_len 0 and slot -1. Only the block-table columns band_len needs are copied (0:
+  /// every column the rows may use): the kernels never read past a row's length, clamped to the
+  /// band. Host inputs go through the pinned mirrors, unless they were written there already
+  /// (host_staging()): then only the DMA remains.
+  void stage(const StepInputs& in, int batch, int band_len);
+  /// Stages a step of plan.batch sequences in the middle of the plan's band, each over valid block
+  /// ids, and no slots: what kMeasured times where no real step is staged for the band. Only
+  /// executor buffers change: the pinned mirrors are put back as they were, since they may hold the
+  /// caller's inputs for the step being run (written through host_staging()).
+  void stage_synthetic(const BucketPlan& plan);
+  /// The pinned mirrors, once the previous step's copies have read them.
+  HostStaging host_staging();
+
+  const StagedInputs& device() const { return dev_; }
+  long long input_downloads() const { return input_downloads_; }
+  long long copy_bytes() const { return staging_copy_bytes_; }
+
+ private:
+  int check_lengths(const StepInputs& in, const int32_t* lens) const;
+  void check_tables_and_slots(const StepInputs& in, const int32_t* lens);
+  void check_staging_pointers(const StepInputs& in) const;
+  void stage_host(const StepInputs& in, int batch, std::size_t cols);
+  void stage_synthetic_rows(const BucketPlan& plan);
+  std::size_t mirror_table_bytes() const;
+
+  const ExecutorConfig& cfg_;
+  const BandSelect band_mode_;
+  Backend& backend_;
+  StagedInputs dev_;
+  // Pinned host mirrors (plain host memory on the host backend).
+  int32_t* seq_lens_h_ = nullptr;
+  int32_t* block_tables_h_ = nullptr;
+  int64_t* slot_mapping_h_ = nullptr;
+  // Scratch for validating device-resident inputs.
+  std::vector<int32_t> seq_scratch_, bt_scratch_;
+  std::vector<int64_t> slot_scratch_;
+  long long input_downloads_ = 0;
+  long long staging_copy_bytes_ = 0;
+};
+
+}  // namespace decodegraph::detail

@@ -1,0 +1,53 @@
+// Statistics and the memory report, assembled in one place from the executor's parts.
+#include "decodegraph/executor.hpp"
+#include "executor/executor_impl.hpp"
+
+namespace decodegraph {
+
+long long ExecutorStats::replays(KernelKind kind) const {
+  long long n = 0;
+  for (const GraphStats& g : graphs) {
+    if (!g.switch_graph) {
+      if (g.kernel == kind) n += g.replays;
+      continue;
+    }
+    for (std::size_t b = 0; b < g.band_replays.size() && b < g.band_kernels.size(); ++b)
+      if (g.band_kernels[b] == kind) n += g.band_replays[b];
+  }
+  return n;
+}
+
+ExecutorStats Executor::stats() const {
+  const Impl& m = *impl_;
+  ExecutorStats s;
+  m.graphs->add_stats(s);  // graphs, capture and instantiate times, distinct_graphs
+  s.band_select = m.band_mode;
+  s.band_select_note = m.band_note;
+  s.buckets = static_cast<int>(m.plans->plans().size());
+  s.distinct_plans = static_cast<int>(m.plans->launches().size());
+  for (const BucketPlan& p : m.plans->plans()) s.undecided_buckets += p.graph_id < 0;
+  s.steps = m.steps;
+  s.rejected_steps = m.rejected;
+  s.total_captures = m.graphs->total_captures();
+  s.measure_ms = m.measurer->measure_ms();
+  s.measured_buckets = m.measurer->measured_buckets();
+  s.candidate_graphs = m.measurer->candidate_graphs();
+  s.rebinds = m.rebinds;
+  s.graph_updates = m.graph_updates;
+  s.graph_reinstantiations = m.graph_reinstantiations;
+  s.input_downloads = m.staging->input_downloads();
+  s.staging_copy_bytes = m.staging->copy_bytes();
+  s.bad_block_reports = m.bad_blocks->reports();
+  return s;
+}
+
+MemoryReport Executor::memory() const {
+  const Impl& m = *impl_;
+  MemoryReport r;
+  r.static_buffers = m.ledger.static_bytes;
+  r.workspace = m.ledger.workspace_bytes;
+  r.graphs = m.graphs->bytes();
+  return r;
+}
+
+}  // namespace decodegraph
