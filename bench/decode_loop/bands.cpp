@@ -1,0 +1,185 @@
+#include "bands.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "bench_common.hpp"
+
+namespace dgloop {
+
+std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_bw_gbs, double copy_bw_gbs) {
+  std::map<std::tuple<int, int, int>, std::vector<const StepRecord*>> groups;
+  for (const auto& r : recs) groups[{r.band, static_cast<int>(r.kernel), r.partition_size}].push_back(&r);
+  std::vector<BandRow> rows;
+  for (const auto& [key, g] : groups) {
+    BandRow row;
+    row.band = g.front()->band;
+    row.band_lo = g.front()->band_lo;
+    row.band_hi = g.front()->band_hi;
+    row.kernel = g.front()->kernel;
+    row.partition_size = g.front()->partition_size;
+    row.steps = static_cast<int>(g.size());
+    std::vector<double> eager, graph;
+    double bytes = 0;
+    for (const auto* r : g) {
+      eager.push_back(r->eager_us);
+      bytes += r->bytes;
+      row.max_abs_diff = std::max(row.max_abs_diff, r->max_abs_diff);
+      // A capturing (or measuring) step times the capture, not a replay.
+      if (!r->captured && !r->measured) graph.push_back(r->graph_us);
+    }
+    row.timed_steps = static_cast<int>(graph.size());
+    row.bytes_per_step = bytes / static_cast<double>(g.size());
+    row.eager_p50 = dgbench::percentile(eager, 50);
+    row.eager_p99 = dgbench::percentile(eager, 99);
+    if (!graph.empty()) {
+      row.graph_p50 = dgbench::percentile(graph, 50);
+      row.graph_p99 = dgbench::percentile(graph, 99);
+      row.speedup = row.graph_p50 > 0 ? row.eager_p50 / row.graph_p50 : 0;
+      row.gbs = row.graph_p50 > 0 ? row.bytes_per_step / (row.graph_p50 * 1e-6) / 1e9 : 0;
+      if (read_bw_gbs > 0) row.pct_read_bw = 100.0 * row.gbs / read_bw_gbs;
+      if (copy_bw_gbs > 0) row.pct_copy_bw = 100.0 * row.gbs / copy_bw_gbs;
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string band_label(int lo, int hi) { return fmt::format("({}, {}]", lo, hi); }
+
+namespace {
+
+// ---------------------------------------------------------------- the columns
+
+using Cell = std::string (*)(const BandRow&);
+
+/// One field of a band row. The text table, the CSV and the JSON list the fields in this order; a
+/// form that leaves a field out has nullptr there (the text table shows band_lo and band_hi as one
+/// "band" cell, steps and timed_steps as one "steps" cell).
+struct BandColumn {
+  const char* key;                     // JSON key; CSV header where `csv` is set
+  json (*json_value)(const BandRow&);
+  Cell csv;
+  const char* text_header;
+  Cell text;
+};
+
+bool timed(const BandRow& b) { return b.timed_steps > 0; }
+/// A figure from the graph timings in the text table: "-" where no step replayed without capturing.
+std::string when_timed(const BandRow& b, double v) { return timed(b) ? fmt::format("{:.1f}", v) : "-"; }
+std::string pct_text(double v) { return v >= 0 ? fmt::format("{:.1f}%", v) : "n/a"; }
+std::string pct_csv(double v) { return v >= 0 ? fmt::format("{:.2f}", v) : "n/a"; }
+std::string us_csv(double v) { return fmt::format("{:.3f}", v); }
+
+const std::vector<BandColumn>& band_columns() {
+  static const std::vector<BandColumn> columns = {
+      {"band", [](const BandRow& b) { return json(b.band); }, nullptr, nullptr, nullptr},
+      {"band_lo", [](const BandRow& b) { return json(b.band_lo); },
+       [](const BandRow& b) { return std::to_string(b.band_lo); }, "band",
+       [](const BandRow& b) { return band_label(b.band_lo, b.band_hi); }},
+      {"band_hi", [](const BandRow& b) { return json(b.band_hi); },
+       [](const BandRow& b) { return std::to_string(b.band_hi); }, nullptr, nullptr},
+      {"kernel", [](const BandRow& b) { return json(dg::to_string(b.kernel)); },
+       [](const BandRow& b) { return std::string(dg::to_string(b.kernel)); }, "kernel",
+       [](const BandRow& b) { return std::string(dg::to_string(b.kernel)); }},
+      {"partition_size", [](const BandRow& b) { return json(b.partition_size); },
+       [](const BandRow& b) { return std::to_string(b.partition_size); }, "P",
+       [](const BandRow& b) {
+         return b.kernel == dg::KernelKind::kV2 ? std::to_string(b.partition_size) : std::string("-");
+       }},
+      {"steps", [](const BandRow& b) { return json(b.steps); },
+       [](const BandRow& b) { return std::to_string(b.steps); }, "steps",
+       [](const BandRow& b) {
+         return b.timed_steps == b.steps ? std::to_string(b.steps) : fmt::format("{} ({})", b.steps, b.timed_steps);
+       }},
+      {"timed_steps", [](const BandRow& b) { return json(b.timed_steps); },
+       [](const BandRow& b) { return std::to_string(b.timed_steps); }, nullptr, nullptr},
+      {"eager_p50_us", [](const BandRow& b) { return num_or_null(b.eager_p50); },
+       [](const BandRow& b) { return us_csv(b.eager_p50); }, "eager p50 us",
+       [](const BandRow& b) { return fmt::format("{:.1f}", b.eager_p50); }},
+      {"eager_p99_us", [](const BandRow& b) { return num_or_null(b.eager_p99); },
+       [](const BandRow& b) { return us_csv(b.eager_p99); }, "eager p99 us",
+       [](const BandRow& b) { return fmt::format("{:.1f}", b.eager_p99); }},
+      {"graph_p50_us", [](const BandRow& b) { return num_or_null(b.graph_p50, timed(b)); },
+       [](const BandRow& b) { return us_csv(b.graph_p50); }, "graph p50 us",
+       [](const BandRow& b) { return when_timed(b, b.graph_p50); }},
+      {"graph_p99_us", [](const BandRow& b) { return num_or_null(b.graph_p99, timed(b)); },
+       [](const BandRow& b) { return us_csv(b.graph_p99); }, "graph p99 us",
+       [](const BandRow& b) { return when_timed(b, b.graph_p99); }},
+      {"speedup", [](const BandRow& b) { return num_or_null(b.speedup, timed(b)); },
+       [](const BandRow& b) { return fmt::format("{:.4f}", b.speedup); }, "speedup",
+       [](const BandRow& b) { return timed(b) ? fmt::format("{:.2f}x", b.speedup) : "-"; }},
+      {"bytes_per_step", [](const BandRow& b) { return num_or_null(b.bytes_per_step); },
+       [](const BandRow& b) { return fmt::format("{:.0f}", b.bytes_per_step); }, nullptr, nullptr},
+      {"gbs", [](const BandRow& b) { return num_or_null(b.gbs); },
+       [](const BandRow& b) { return fmt::format("{:.3f}", b.gbs); }, "GB/s",
+       [](const BandRow& b) { return when_timed(b, b.gbs); }},
+      {"pct_read_bw", [](const BandRow& b) { return num_or_null(b.pct_read_bw, b.pct_read_bw >= 0); },
+       [](const BandRow& b) { return pct_csv(b.pct_read_bw); }, "% read bw",
+       [](const BandRow& b) { return pct_text(b.pct_read_bw); }},
+      {"pct_copy_bw", [](const BandRow& b) { return num_or_null(b.pct_copy_bw, b.pct_copy_bw >= 0); },
+       [](const BandRow& b) { return pct_csv(b.pct_copy_bw); }, "% copy bw",
+       [](const BandRow& b) { return pct_text(b.pct_copy_bw); }},
+      {"max_abs_diff", [](const BandRow& b) { return num_or_null(b.max_abs_diff); }, nullptr, nullptr, nullptr},
+  };
+  return columns;
+}
+
+std::string band_table(const std::vector<BandRow>& rows) {
+  std::vector<std::vector<std::string>> table(1);
+  for (const BandColumn& c : band_columns())
+    if (c.text) table[0].push_back(c.text_header);
+  for (const BandRow& b : rows) {
+    std::vector<std::string>& cells = table.emplace_back();
+    for (const BandColumn& c : band_columns())
+      if (c.text) cells.push_back(c.text(b));
+  }
+  return dgbench::format_table(table);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- the three forms
+
+std::string band_report(const std::vector<BandRow>& rows, int batch, int layers, bool gpu) {
+  std::string s = fmt::format(
+      "per band (batch bucket {}, {} layers; {}):\n", batch, layers,
+      gpu ? "GPU wall-clock per step, host launch through device completion" : "CPU timings of the host backend");
+  s += band_table(rows);
+  s += "  steps \"N (M)\": M of N steps timed for graph; the others captured the bucket's graph or timed "
+       "its candidates (see captures below).\n"
+       "  GB/s = bytes per step by the bytes model of docs/design.md (K+V read, q, out, V2 partials) / graph "
+       "p50.\n";
+  if (!gpu) s += "  % read bw, % copy bw: n/a on the host backend (no device bandwidth to compare with).\n";
+  return s;
+}
+
+std::string band_csv(const std::vector<BandRow>& rows) {
+  std::vector<std::string> header;
+  for (const BandColumn& c : band_columns())
+    if (c.csv) header.push_back(c.key);
+  std::string s = fmt::format("{}\n", fmt::join(header, ","));
+  for (const BandRow& b : rows) {
+    std::vector<std::string> cells;
+    for (const BandColumn& c : band_columns())
+      if (c.csv) cells.push_back(c.csv(b));
+    s += fmt::format("{}\n", fmt::join(cells, ","));
+  }
+  return s;
+}
+
+json bands_json(const std::vector<BandRow>& rows) {
+  json a = json::array();
+  for (const BandRow& b : rows) {
+    json j;
+    for (const BandColumn& c : band_columns()) j[c.key] = c.json_value(b);
+    a.push_back(std::move(j));
+  }
+  return a;
+}
+
+}  // namespace dgloop

@@ -1,0 +1,85 @@
+#include "plan_only.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <set>
+
+#include "capture_compare.hpp"
+#include "json_out.hpp"
+
+namespace dgloop {
+
+namespace {
+
+int distinct_graphs(const std::vector<dg::BucketPlan>& plans) {
+  std::set<int> ids;
+  for (const dg::BucketPlan& p : plans) ids.insert(p.graph_id);
+  return static_cast<int>(ids.size());
+}
+
+void print_plans(const Setup& s, const dg::ExecutorConfig& cfg, const std::string& source,
+                 const std::vector<dg::BucketPlan>& plans, std::FILE* out) {
+  const dg::AttentionSpec& spec = cfg.spec;
+  fmt::print(out, "decodegraph {} decode_loop --plan-only\n", dg::version());
+  std::vector<std::string> planning_defaults;  // only the options planning reads
+  for (const std::string& d : s.defaults_used)
+    for (const char* flag : {"--preset ", "--batch ", "--max-seq-len ", "--partition ", "--threshold ", "--policy "})
+      if (d.rfind(flag, 0) == 0) planning_defaults.push_back(d);
+  if (!planning_defaults.empty()) fmt::print(out, "defaults used: {};\n", fmt::join(planning_defaults, "; "));
+  fmt::print(out, "shape: {} q heads, {} kv heads, head {}, block {}, {}; max_batch {}, max_seq_len {}, threshold {}\n",
+             spec.num_q_heads, spec.num_kv_heads, spec.head_size, spec.block_size, dg::to_string(spec.dtype),
+             cfg.max_batch, cfg.max_seq_len, cfg.v2_threshold);
+  fmt::print(out, "policy {}; device model {} SMs x {} resident pass-1 blocks = {} slots ({})\n", s.opt.policy,
+             cfg.device_model.num_sms, cfg.device_model.blocks_per_sm, cfg.device_model.target_blocks(), source);
+  const bool measured = cfg.policy == dg::KernelPolicy::kMeasured;
+  fmt::print(out, "{} buckets, {} distinct graphs{}:\n{}", plans.size(),
+             measured ? std::string("(decided when measured)") : std::to_string(distinct_graphs(plans)),
+             measured ? "; kMeasured starts from kAuto's choice" : "", dg::format_plan_table(plans));
+}
+
+json plans_document(const Setup& s, const dg::ExecutorConfig& cfg, const std::string& source,
+                    const std::vector<dg::BucketPlan>& plans, const std::vector<CaptureCost>& costs) {
+  const dg::AttentionSpec& spec = cfg.spec;
+  json j;
+  if (!costs.empty()) j["capture_compare"] = plan_only_capture_json(costs, s.opt.layers);
+  j["program"] = "decode_loop";
+  j["version"] = dg::version();
+  j["mode"] = "plan-only";
+  j["config"] = shape_json(s.opt.preset, spec);
+  j["config"].update({{"max_batch", cfg.max_batch},
+                      {"max_seq_len", cfg.max_seq_len},
+                      {"threshold", cfg.v2_threshold},
+                      {"partition", s.opt.partition}});
+  j["policy"] = s.opt.policy;
+  j["device_model"] = device_model_json(cfg.device_model, source);
+  j["buckets"] = plans.size();
+  j["distinct_graphs"] = cfg.policy == dg::KernelPolicy::kMeasured ? json(nullptr) : json(distinct_graphs(plans));
+  j["plans"] = plans_json(plans);
+  return j;
+}
+
+}  // namespace
+
+int plan_only(const Setup& s, std::FILE* out) {
+  // The host model fills in what --device-model leaves out.
+  dg::ExecutorConfig cfg = s.cfg;
+  const dg::DeviceModel host = dg::host_device_model(cfg.spec);
+  if (cfg.device_model.num_sms == 0) cfg.device_model.num_sms = host.num_sms;
+  if (cfg.device_model.blocks_per_sm == 0) cfg.device_model.blocks_per_sm = host.blocks_per_sm;
+  const std::string source = model_source(s.opt.device_model, /*gpu=*/false);
+  const std::vector<dg::BucketPlan> plans = dg::plan_buckets(cfg);
+  print_plans(s, cfg, source, plans, out);
+  std::vector<CaptureCost> costs;
+  if (s.opt.capture_compare) {
+    costs = plan_only_capture_costs(cfg, s.opt.layers);
+    fmt::print(out, "{}", plan_only_capture_report(costs, s.opt.layers));
+  }
+  if (!s.opt.json_path.empty()) {
+    write_json(s.opt.json_path, plans_document(s, cfg, source, plans, costs));
+    fmt::print(out, "json: {}\n", s.opt.json_path);
+  }
+  return 0;
+}
+
+}  // namespace dgloop

@@ -1,0 +1,295 @@
+#include "run_loop.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+
+#include "progress.hpp"
+
+namespace dgloop {
+
+Caches::Caches(const Setup& s) {
+  const Geometry& g = s.geo;
+  for (int l = 0; l < s.opt.layers; ++l) {
+    k.emplace_back(s.gpu, g.cache_elems * g.esize);
+    v.emplace_back(s.gpu, g.cache_elems * g.esize);
+    eager_out.emplace_back(s.gpu, g.qo_elems * g.esize);
+  }
+  const BackendOps ops{s.gpu, nullptr};
+  for (int l = 0; l < s.opt.layers; ++l) {
+    ops.fill(s.spec.dtype, k[l].get(), g.cache_elems, s.opt.seed * 1000 + 2 * l);
+    ops.fill(s.spec.dtype, v[l].get(), g.cache_elems, s.opt.seed * 1000 + 2 * l + 1);
+  }
+  ops.sync_device();
+}
+
+dg::ExecutorConfig run_config(const Setup& s, const Caches& caches) {
+  dg::ExecutorConfig cfg = s.cfg;
+  cfg.num_layers = s.opt.layers;
+  for (int l = 0; l < s.opt.layers; ++l) {
+    dg::LayerBuffers lb;
+    lb.k_cache = caches.k[l].get();
+    lb.v_cache = caches.v[l].get();
+    cfg.layers.push_back(lb);
+  }
+  cfg.num_blocks = s.geo.num_blocks;
+  cfg.max_blocks_per_seq = s.geo.width;
+  cfg.capture = s.opt.capture == "up-front" ? dg::CapturePolicy::kUpFront : dg::CapturePolicy::kLazy;
+  cfg.backend = s.backend;
+  cfg.append_kv = true;
+  return cfg;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
+
+/// One run of the loop: the step's inputs (host copies for the executor, device copies for eager),
+/// the segment's block allocation, and what the steps recorded.
+class DecodeLoop {
+ public:
+  DecodeLoop(const Setup& s, dg::Executor& ex, Caches& caches)
+      : s_(s), g_(s.geo), ex_(ex), caches_(caches), ops_{s.gpu, ex.stream()},
+        d_lens_(s.gpu, sizeof(int32_t) * s.opt.batch),
+        d_tables_(s.gpu, sizeof(int32_t) * s.opt.batch * s.geo.width),
+        d_slots_(s.gpu, sizeof(int64_t) * s.opt.batch),
+        // The executor's workspace covers every plan of the run's batch bucket, and every kMeasured candidate.
+        workspace_(s.gpu, ex.memory().workspace),
+        lens_(s.gpu, s.opt.batch),
+        tables_(s.gpu, static_cast<std::size_t>(s.opt.batch) * s.geo.width),
+        slots_(s.gpu, s.opt.batch),
+        host_graph_out_(s.geo.qo_elems * s.geo.esize),
+        host_eager_out_(s.geo.qo_elems * s.geo.esize),
+        tol_(tolerance_for(s.spec.dtype)),
+        rng_(s.opt.seed),
+        progress_(s.opt.progress, static_cast<long>(s.segments.size()) * s.opt.steps) {}
+
+  LoopResults run() {
+    const auto run_start = Clock::now();
+    for (std::size_t si = 0; si < s_.segments.size(); ++si) {
+      start_segment(s_.segments[si]);
+      int last_band = -1;
+      for (int st = 0; st < s_.opt.steps; ++st) last_band = step(si, st, last_band);
+    }
+    progress_.finish();
+    res_.run_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+    return std::move(res_);
+  }
+
+ private:
+  int batch() const { return s_.opt.batch; }
+  int32_t& table(int seq, int col) { return tables_[static_cast<std::size_t>(seq) * g_.width + col]; }
+
+  /// A fresh shuffled free list per segment: block tables are scattered, as in a real cache.
+  void start_segment(const Segment& seg) {
+    free_blocks_.resize(static_cast<std::size_t>(g_.num_blocks));
+    std::iota(free_blocks_.begin(), free_blocks_.end(), 0);
+    std::shuffle(free_blocks_.begin(), free_blocks_.end(), rng_);
+    next_free_ = 0;
+    allocated_.assign(static_cast<std::size_t>(batch()), 0);
+    std::fill(tables_.data(), tables_.data() + tables_.size(), 0);
+    const int bs = s_.spec.block_size;
+    for (int i = 0; i < batch(); ++i) {
+      lens_[i] = seg.start[i];
+      const int need = (seg.start[i] + bs - 1) / bs;
+      for (int b = 0; b < need; ++b) table(i, b) = free_blocks_[next_free_++];
+      allocated_[i] = need;
+    }
+  }
+
+  /// Grows every sequence by one token; a token that starts a block gets a new block. Returns the
+  /// longest length.
+  int grow() {
+    const int bs = s_.spec.block_size;
+    int max_len = 0;
+    for (int i = 0; i < batch(); ++i) {
+      const int pos = lens_[i];
+      const int blk = pos / bs;
+      if (blk >= allocated_[i]) {
+        table(i, blk) = free_blocks_[next_free_++];
+        allocated_[i] = blk + 1;
+      }
+      slots_[i] = static_cast<int64_t>(table(i, blk)) * bs + pos % bs;
+      lens_[i] = pos + 1;
+      max_len = std::max(max_len, pos + 1);
+    }
+    return max_len;
+  }
+
+  /// One step; returns its band.
+  int step(std::size_t si, int st, int last_band) {
+    const int max_len = grow();
+    // This step's q and new K/V (what the model's projections would produce), random per step.
+    const std::uint64_t step_seed = s_.opt.seed * 7919 + si * 100003 + static_cast<std::uint64_t>(st) * 31;
+    for (int l = 0; l < s_.opt.layers; ++l) {
+      ops_.fill(s_.spec.dtype, ex_.query(l), g_.qo_elems, step_seed + 3 * l);
+      ops_.fill(s_.spec.dtype, ex_.new_key(l), g_.kv_row_elems, step_seed + 3 * l + 1);
+      ops_.fill(s_.spec.dtype, ex_.new_value(l), g_.kv_row_elems, step_seed + 3 * l + 2);
+    }
+    ops_.sync();
+
+    double graph_us = 0;
+    const dg::StepResult r = graph_step(graph_us);
+    if (r.captured || r.measured) res_.capture_wall_ms += graph_us / 1000.0;
+    const double eager_us = eager_step(r, max_len);
+
+    StepRecord rec = record(si, st, r, max_len);
+    rec.eager_us = eager_us;
+    rec.graph_us = graph_us;
+    if (s_.opt.check) {
+      check_outputs(rec, r, si, st);
+      // Host backend: also against the float64 reference, on each segment's first step and at every
+      // band change (cheap enough there; on GPU the test suites do this).
+      if (!s_.gpu && (st == 0 || r.band != last_band))
+        check_reference(reference_args(max_len), ex_.output(0), g_.qo_elems, tol_, res_.check);
+    }
+    res_.recs.push_back(rec);
+    progress_.update(static_cast<long>(res_.recs.size()),
+                     fmt::format("len {} {}", max_len, dg::to_string(r.kernel)));
+    return r.band;
+  }
+
+  /// Graph: validate, bucket, stage, replay (capture first when the bucket is new).
+  dg::StepResult graph_step(double& us) {
+    dg::StepInputs in;
+    in.num_seqs = batch();
+    in.seq_lens = lens_.data();
+    in.block_tables = tables_.data();
+    in.block_table_stride = g_.width;
+    in.slot_mapping = slots_.data();
+    in.space = dg::MemorySpace::kHost;
+    const auto t0 = Clock::now();
+    const dg::StepResult r = ex_.step(in);
+    ops_.sync();
+    us = us_since(t0);
+    return r;
+  }
+
+  /// Eager: the same work launched call by call, with the plan's kernel and partition size. It
+  /// appends the same K/V into the same slots (idempotent), so both see identical caches.
+  double eager_step(const dg::StepResult& r, int max_len) {
+    const auto t0 = Clock::now();
+    ops_.to_device_async(d_lens_.get(), lens_.data(), sizeof(int32_t) * batch());
+    ops_.to_device_async(d_tables_.get(), tables_.data(), sizeof(int32_t) * batch() * g_.width);
+    ops_.to_device_async(d_slots_.get(), slots_.data(), sizeof(int64_t) * batch());
+    for (int l = 0; l < s_.opt.layers; ++l) eager_layer(l, r, max_len);
+    ops_.sync();
+    return us_since(t0);
+  }
+
+  void eager_layer(int l, const dg::StepResult& r, int max_len) {
+    dg::AppendArgs ap;
+    ap.spec = s_.spec;
+    ap.num_tokens = batch();
+    ap.num_blocks = g_.num_blocks;
+    ap.key = ex_.new_key(l);
+    ap.value = ex_.new_value(l);
+    ap.k_cache = caches_.k[l].get();
+    ap.v_cache = caches_.v[l].get();
+    ap.slot_mapping = static_cast<const int64_t*>(d_slots_.get());
+    // max_len: what an eager caller knows; the graph uses its band's upper edge.
+    dg::DecodeArgs a = decode_args(l, max_len, caches_.eager_out[l].get(),
+                                   static_cast<const int32_t*>(d_tables_.get()),
+                                   static_cast<const int32_t*>(d_lens_.get()));
+    a.host_seq_lens = lens_.data();
+    const dg::Stream stream = ops_.stream;
+    if (s_.gpu) {
+      dg::append_kv(ap, stream);
+      if (r.kernel == dg::KernelKind::kV1) dg::paged_attention_v1(a, stream);
+      else dg::paged_attention_v2(a, r.partition_size, workspace_.get(), workspace_.bytes(), stream);
+    } else {
+      dg::host::append_kv(ap);
+      if (r.kernel == dg::KernelKind::kV1) dg::host::paged_attention_v1(a);
+      else dg::host::paged_attention_v2(a, r.partition_size, workspace_.get(), workspace_.bytes());
+    }
+  }
+
+  /// Layer `l`'s attention over the step's lengths and block tables (in the memory space given).
+  dg::DecodeArgs decode_args(int l, int max_len, void* out, const int32_t* tables, const int32_t* lens) {
+    dg::DecodeArgs a;
+    a.spec = s_.spec;
+    a.num_seqs = batch();
+    a.max_seq_len = max_len;
+    a.block_table_stride = g_.width;
+    a.num_blocks = g_.num_blocks;
+    a.q = ex_.query(l);
+    a.out = out;
+    a.k_cache = caches_.k[l].get();
+    a.v_cache = caches_.v[l].get();
+    a.block_tables = tables;
+    a.seq_lens = lens;
+    return a;
+  }
+
+  /// Layer 0 on the host inputs, for the float64 reference (out: validated as an argument; the
+  /// reference writes only its own result).
+  dg::DecodeArgs reference_args(int max_len) {
+    return decode_args(0, max_len, ex_.output(0), tables_.data(), lens_.data());
+  }
+
+  StepRecord record(std::size_t si, int st, const dg::StepResult& r, int max_len) {
+    StepRecord rec;
+    rec.segment = static_cast<int>(si);
+    rec.step = st;
+    rec.band = r.band;
+    rec.band_hi = r.band_hi;
+    rec.kernel = r.kernel;
+    rec.partition_size = r.partition_size;
+    rec.captured = r.captured;
+    rec.measured = r.measured;
+    rec.graph_id = r.graph_id;
+    rec.max_len = max_len;
+    rec.bytes = s_.opt.layers * dgbench::attention_bytes(s_.spec, lens_.data(), batch(), r.kernel, r.partition_size);
+    for (const auto& p : ex_.plans())
+      if (p.band == r.band) rec.band_lo = p.band_lo;
+    return rec;
+  }
+
+  /// Every layer's graph output against its eager output: bitwise on a GPU, within tolerance on the
+  /// host backend.
+  void check_outputs(StepRecord& rec, const dg::StepResult& r, std::size_t si, int st) {
+    const std::size_t bytes = g_.qo_elems * g_.esize;
+    for (int l = 0; l < s_.opt.layers; ++l) {
+      ops_.to_host(host_graph_out_.data(), ex_.output(l), bytes);
+      ops_.to_host(host_eager_out_.data(), caches_.eager_out[l].get(), bytes);
+      const OutputDiff d =
+          compare_outputs(s_.spec.dtype, host_graph_out_.data(), host_eager_out_.data(), g_.qo_elems, tol_);
+      rec.bitwise_equal = rec.bitwise_equal && d.same;
+      rec.max_abs_diff = std::max(rec.max_abs_diff, d.worst);
+      if (s_.gpu ? !d.same : d.out_of_tol)
+        res_.check.add_mismatch(fmt::format("segment {} step {} layer {} ({}, band {}): graph and eager differ; "
+                                            "max |diff| {:.3g} at element {}{}",
+                                            si, st, l, dg::to_string(r.kernel), band_label(rec.band_lo, r.band_hi),
+                                            d.worst, d.worst_i, s_.gpu ? " (bitwise equality required on GPU)" : ""));
+    }
+  }
+
+  const Setup& s_;
+  const Geometry& g_;
+  dg::Executor& ex_;
+  Caches& caches_;
+  const BackendOps ops_;
+  Buffer d_lens_, d_tables_, d_slots_, workspace_;  // eager's staged inputs and V2 workspace
+  HostArray<int32_t> lens_, tables_;
+  HostArray<int64_t> slots_;
+  std::vector<unsigned char> host_graph_out_, host_eager_out_;
+  const Tolerance tol_;
+  std::mt19937_64 rng_;
+  Progress progress_;
+  // The segment's block allocation.
+  std::vector<int32_t> free_blocks_;
+  std::size_t next_free_ = 0;
+  std::vector<int> allocated_;
+  LoopResults res_;
+};
+
+}  // namespace
+
+LoopResults run_loop(const Setup& s, dg::Executor& ex, Caches& caches) { return DecodeLoop(s, ex, caches).run(); }
+
+}  // namespace dgloop

@@ -1,0 +1,37 @@
+// The decode loop itself: the caches, then segment by segment, step by step, every sequence grows by
+// one token, the step replays through the Executor and runs again eagerly on the same inputs, both
+// timed, and the outputs are checked against each other (and against the float64 reference on the
+// host backend).
+#pragma once
+
+#include <vector>
+
+#include "backend.hpp"
+#include "bands.hpp"
+#include "check.hpp"
+#include "setup.hpp"
+
+namespace dgloop {
+
+/// Every layer's K and V caches (random, never zero) and the eager launches' outputs.
+struct Caches {
+  explicit Caches(const Setup& s);
+  std::vector<Buffer> k, v, eager_out;
+};
+
+/// The run's executor config: planning's (Setup::cfg) plus the caches and layers, the capture policy,
+/// the backend and the KV append.
+dg::ExecutorConfig run_config(const Setup& s, const Caches& caches);
+
+/// What the loop produced.
+struct LoopResults {
+  std::vector<StepRecord> recs;
+  CheckSummary check;
+  double capture_wall_ms = 0;  // wall time of the steps that captured (or measured) a graph
+  double run_s = 0;            // wall time of the whole loop
+};
+
+/// Runs every segment of `s` through `ex` (built from run_config(s, caches)).
+LoopResults run_loop(const Setup& s, dg::Executor& ex, Caches& caches);
+
+}  // namespace dgloop

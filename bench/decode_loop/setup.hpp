@@ -1,0 +1,51 @@
+// What the options mean once the backend is known: the backend's defaults (one table row per
+// backend), the preset with its overrides, the segments, the sizes of the run and the planning config.
+// Everything after this reads a Setup, never the raw command line.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "options.hpp"
+
+namespace dgloop {
+
+/// One --start-lens entry: start lengths for the batch.
+struct Segment {
+  std::string label;
+  std::vector<int> start;
+};
+
+/// "N" or "MIN:MAX" entries, comma-separated; MIN:MAX spreads the start lengths evenly over the batch.
+std::vector<Segment> parse_segments(const std::string& text, int batch);
+
+/// Sizes every part of the run shares.
+struct Geometry {
+  int num_blocks = 0;  // blocks per layer's cache: enough for the segment that needs the most
+  int width = 0;       // block-table row width
+  std::size_t esize = 0;         // bytes of one element of the dtype
+  std::size_t cache_elems = 0;   // one layer's K (or V) cache
+  std::size_t qo_elems = 0;      // one layer's q (or out): batch x q heads x head size
+  std::size_t kv_row_elems = 0;  // one layer's new K (or V): batch x kv heads x head size
+};
+
+struct Setup {
+  Options opt;  // with the defaults filled in
+  dg::BackendKind backend = dg::BackendKind::kHost;
+  bool gpu = false;
+  dg::AttentionSpec spec;  // the preset's, with the shape options applied
+  std::vector<Segment> segments;
+  std::vector<std::string> defaults_used;  // "--flag value" for each option left out
+  dg::ExecutorConfig cfg;                  // what planning reads; the run adds its caches and layers
+  std::string model_from;                  // where the device model's numbers come from, for the output
+  Geometry geo;
+};
+
+/// Resolves the command line; throws UsageError (or dg::Error for a bad shape).
+Setup resolve(Options opt);
+
+/// Where the device model's numbers came from, for the output.
+std::string model_source(const std::string& option, bool gpu);
+
+}  // namespace dgloop
