@@ -46,3 +46,8 @@ class CudaError(Error):
 
     def __reduce__(self) -> tuple[type[CudaError], tuple[str, int, bool]]:
         return (type(self), (str(self), self.code, self.context_lost))
+
+
+for _cls in (Error, InvalidArgument, OutOfMemory, CudaError):
+    _cls.__module__ = "decodegraph"  # shown as decodegraph.InvalidArgument in tracebacks
+del _cls

@@ -17,21 +17,22 @@ namespace {
 
 using dg::throw_invalid;
 
-// The spec a K cache of this rank and shape implies; `heads_from` gives num_q_heads.
-dg::AttentionSpec spec_from_cache(const Tensor& k_cache, dg::DType dtype, int num_q_heads) {
+// The spec a K cache of this rank and shape implies. num_q_heads 0: as many as KV heads (append);
+// head_size 0: the cache's own.
+dg::AttentionSpec spec_from_cache(const Tensor& k_cache, dg::DType dtype, int num_q_heads, int head_size) {
   dg::AttentionSpec s;
   s.dtype = dtype;
   s.num_q_heads = num_q_heads;
   if (k_cache.ndim() == 5) {  // [num_blocks, kv_heads, head_size/x, block_size, x]
     s.layout = dg::KVLayout::kVLLM;
     s.num_kv_heads = static_cast<int>(k_cache.shape[1]);
-    s.head_size = static_cast<int>(k_cache.shape[2] * k_cache.shape[4]);
+    s.head_size = head_size > 0 ? head_size : static_cast<int>(k_cache.shape[2] * k_cache.shape[4]);
     s.block_size = static_cast<int>(k_cache.shape[3]);
   } else if (k_cache.ndim() == 4) {  // [num_blocks, block_size, kv_heads, head_size]
     s.layout = dg::KVLayout::kNHD;
     s.block_size = static_cast<int>(k_cache.shape[1]);
     s.num_kv_heads = static_cast<int>(k_cache.shape[2]);
-    s.head_size = static_cast<int>(k_cache.shape[3]);
+    s.head_size = head_size > 0 ? head_size : static_cast<int>(k_cache.shape[3]);
   } else {
     throw_invalid(k_cache.name + ".shape", k_cache.shape_text(),
                   "5 dimensions [num_blocks, kv_heads, head_size/x, block_size, x] (vllm layout) or 4 "
@@ -39,6 +40,16 @@ dg::AttentionSpec spec_from_cache(const Tensor& k_cache, dg::DType dtype, int nu
   }
   if (num_q_heads <= 0) s.num_q_heads = s.num_kv_heads;
   return s;
+}
+
+// validate_spec on a spec read off the arrays: the message says which arrays it came from.
+void validate_inferred(const dg::AttentionSpec& s, const Tensor& a, const Tensor& b) {
+  try {
+    dg::validate_spec(s);
+  } catch (const dg::InvalidArgument& e) {
+    throw dg::InvalidArgument(std::string(e.what()) + " (read from the shapes of " + a.name + " " + a.shape_text() +
+                              " and " + b.name + " " + b.shape_text() + ")");
+  }
 }
 
 dg::DType dtype_of(const Tensor& t) {
@@ -90,12 +101,16 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
   const dg::DType dtype = dtype_of(c->q);
   if (c->q.ndim() != 3)
     throw_invalid("q.shape", c->q.shape_text(), "[num_seqs, num_q_heads, head_size]");
-  dg::AttentionSpec s = spec_from_cache(c->k, dtype, static_cast<int>(c->q.shape[1]));
+  // Heads and head size from q; KV heads, block size and layout from k_cache, whose shape is then
+  // checked against them (so a malformed cache is the argument named).
+  dg::AttentionSpec s = spec_from_cache(c->k, dtype, static_cast<int>(c->q.shape[1]),
+                                        static_cast<int>(c->q.shape[2]));
   s.scale = scale;
-  const RowArray qr = require_rows(c->q, s.num_q_heads, s.head_size, "num_seqs");
-  const int64_t n = qr.rows;
+  validate_inferred(s, c->q, c->k);
   c->where = c->q.where;
   check_caches(c->k, c->v, s, c->q);
+  const RowArray qr = require_rows(c->q, s.num_q_heads, s.head_size, "num_seqs");
+  const int64_t n = qr.rows;
   require_elem(c->out, elem_of(dtype), ", as q");
   require_same_where(c->out, c->q);
   const RowArray orow = require_rows(c->out, s.num_q_heads, s.head_size, "num_seqs");
@@ -188,7 +203,8 @@ void append_kv(nb::handle key, nb::handle value, nb::handle k_cache, nb::handle 
   Tensor vc = import_tensor(v_cache, "v_cache", true);
   Tensor sm = import_tensor(slot_mapping, "slot_mapping", false);
   const dg::DType dtype = dtype_of(kc);
-  const dg::AttentionSpec s = spec_from_cache(kc, dtype, 0);
+  const dg::AttentionSpec s = spec_from_cache(kc, dtype, 0, 0);
+  validate_inferred(s, kt, kc);
   check_caches(kc, vc, s, kc);
   for (Tensor* t : {&kt, &vt}) {
     require_elem(*t, elem_of(dtype), ", as k_cache");
@@ -221,14 +237,16 @@ void append_kv(nb::handle key, nb::handle value, nb::handle k_cache, nb::handle 
 
 void bind_eager(nb::module_& m) {
   using namespace nb::literals;
-  m.def("paged_attention_v1", &paged_attention_v1, "out"_a, "q"_a, "k_cache"_a, "v_cache"_a, "block_tables"_a,
-        "seq_lens"_a, nb::kw_only(), "max_seq_len"_a = 0, "scale"_a = 0.0f, "alibi_slopes"_a = nb::none(),
-        "stream"_a = nb::none());
-  m.def("paged_attention_v2", &paged_attention_v2, "out"_a, "q"_a, "k_cache"_a, "v_cache"_a, "block_tables"_a,
-        "seq_lens"_a, nb::kw_only(), "partition_size"_a, "workspace"_a = nb::none(), "max_seq_len"_a = 0,
-        "scale"_a = 0.0f, "alibi_slopes"_a = nb::none(), "stream"_a = nb::none());
-  m.def("append_kv", &append_kv, "key"_a, "value"_a, "k_cache"_a, "v_cache"_a, "slot_mapping"_a, nb::kw_only(),
-        "stream"_a = nb::none());
+  // .none(): None reaches import_tensor, which names the argument, instead of nanobind's TypeError.
+  m.def("paged_attention_v1", &paged_attention_v1, "out"_a.none(), "q"_a.none(), "k_cache"_a.none(),
+        "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "max_seq_len"_a = 0,
+        "scale"_a = 0.0f, "alibi_slopes"_a.none() = nb::none(), "stream"_a.none() = nb::none());
+  m.def("paged_attention_v2", &paged_attention_v2, "out"_a.none(), "q"_a.none(), "k_cache"_a.none(),
+        "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "partition_size"_a,
+        "workspace"_a.none() = nb::none(), "max_seq_len"_a = 0, "scale"_a = 0.0f,
+        "alibi_slopes"_a.none() = nb::none(), "stream"_a.none() = nb::none());
+  m.def("append_kv", &append_kv, "key"_a.none(), "value"_a.none(), "k_cache"_a.none(), "v_cache"_a.none(),
+        "slot_mapping"_a.none(), nb::kw_only(), "stream"_a.none() = nb::none());
   m.def(
       "v2_workspace_size",
       [](nb::handle spec, int num_seqs, int max_seq_len, int partition_size) {

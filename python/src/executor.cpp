@@ -410,10 +410,10 @@ PyType_Slot executor_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(executo
 
 void bind_executor(nb::module_& m) {
   using namespace nb::literals;
-  nb::class_<PyExecutor>(m, "Executor", nb::type_slots(executor_slots))
-      .def(nb::init<nb::handle, nb::handle>(), "config"_a, "step_body"_a = nb::none())
-      .def("step", &PyExecutor::step, "seq_lens"_a, "block_tables"_a, "slot_mapping"_a = nb::none(),
-           nb::kw_only(), "stream"_a = nb::none(), "max_seq_len"_a = 0)
+  nb::class_<PyExecutor>(m, "Executor", nb::type_slots(executor_slots), nb::is_weak_referenceable())
+      .def(nb::init<nb::handle, nb::handle>(), "config"_a, "step_body"_a.none() = nb::none())
+      .def("step", &PyExecutor::step, "seq_lens"_a.none(), "block_tables"_a.none(),
+           "slot_mapping"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(), "max_seq_len"_a = 0)
       .def("rebind_layers", &PyExecutor::rebind_layers, "layers"_a)
       .def("check_errors", &PyExecutor::check_errors)
       .def("capture_all", &PyExecutor::capture_all)
