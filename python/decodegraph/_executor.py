@@ -19,10 +19,9 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 from . import _core
+from ._core import BackendKind, BandSelect, DType
 from ._types import (
     AttentionSpec,
-    BackendKind,
-    BandSelect,
     BucketPlan,
     ExecutorConfig,
     ExecutorStats,
@@ -56,7 +55,8 @@ class StepContext:
 
     @property
     def backend(self) -> BackendKind:
-        return self._ctx.backend  # type: ignore[no-any-return]
+        backend: BackendKind = self._ctx.backend
+        return backend
 
     @property
     def plan(self) -> BucketPlan:
@@ -270,12 +270,12 @@ class Executor:
     @property
     def backend(self) -> BackendKind:
         """The backend in effect: CUDA or HOST."""
-        return self._core.backend  # type: ignore[no-any-return]
+        return self._core.backend
 
     @property
     def band_select(self) -> BandSelect:
         """The band choice in effect (DEVICE falls back to HOST where SWITCH nodes are missing)."""
-        return self._core.band_select  # type: ignore[no-any-return]
+        return self._core.band_select
 
     @property
     def stream(self) -> int:
@@ -292,8 +292,6 @@ class Executor:
 
 def _as_array(view: Any, dtype: Any, backend: BackendKind) -> Array:
     """An executor-owned buffer as the backend's natural array type, zero-copy."""
-    from ._types import DType
-
     if backend is BackendKind.HOST:
         import numpy as np
 
