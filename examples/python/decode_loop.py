@@ -51,6 +51,7 @@ class ToyModel:
     embed: F32 = field(init=False)
     w_qkv: List[F32] = field(init=False)
     w_out: List[F32] = field(init=False)
+    unembed: F32 = field(init=False)
     x: F32 = field(init=False)          # residual stream [MAX_BATCH, d_model]
     qkv: List[Any] = field(init=False)  # per layer, bf16 [MAX_BATCH, (Hq + 2 Hkv) * D]
     out: List[Any] = field(init=False)  # per layer, bf16 [MAX_BATCH, Hq, D]
@@ -62,6 +63,7 @@ class ToyModel:
         self.embed = r.standard_normal((VOCAB, d)).astype(np.float32)
         self.w_qkv = [(r.standard_normal((d, qkv_width)) / np.sqrt(d)).astype(np.float32) for _ in range(LAYERS)]
         self.w_out = [(r.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32) for _ in range(LAYERS)]
+        self.unembed = (r.standard_normal((d, VOCAB)) / np.sqrt(d)).astype(np.float32)
         self.x = np.zeros((MAX_BATCH, d), dtype=np.float32)
         self.qkv = [np.zeros((MAX_BATCH, qkv_width), dtype=bf16) for _ in range(LAYERS)]
         self.out = [np.zeros((MAX_BATCH, SPEC.num_q_heads, SPEC.head_size), dtype=bf16) for _ in range(LAYERS)]
@@ -89,7 +91,7 @@ class ToyModel:
             ctx.enqueue_host(functools.partial(self.add_attention, layer))
 
     def logits(self, n: int) -> F32:
-        return np.asarray(self.x[:n] @ self.embed.T / np.sqrt(self.d_model), dtype=np.float32)
+        return np.asarray(self.x[:n] @ self.unembed, dtype=np.float32)
 
 
 class Sequences:
