@@ -108,6 +108,7 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
   s.scale = scale;
   validate_inferred(s, c->q, c->k);
   c->where = c->q.where;
+  if (c->where == Where::kCuda) require_where(c->q, Where::kCuda, current_cuda_device(), " (the current device)");
   check_caches(c->k, c->v, s, c->q);
   const RowArray qr = require_rows(c->q, s.num_q_heads, s.head_size, "num_seqs");
   const int64_t n = qr.rows;
@@ -205,6 +206,7 @@ void append_kv(nb::handle key, nb::handle value, nb::handle k_cache, nb::handle 
   const dg::DType dtype = dtype_of(kc);
   const dg::AttentionSpec s = spec_from_cache(kc, dtype, 0, 0);
   validate_inferred(s, kt, kc);
+  if (kc.where == Where::kCuda) require_where(kc, Where::kCuda, current_cuda_device(), " (the current device)");
   check_caches(kc, vc, s, kc);
   for (Tensor* t : {&kt, &vt}) {
     require_elem(*t, elem_of(dtype), ", as k_cache");

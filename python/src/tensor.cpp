@@ -216,6 +216,15 @@ Tensor import_tensor(nb::handle obj, std::string name, bool writable) {
   }
   if (writable && nb::try_cast(src, t.keep_ro, false))
     throw_invalid(t.name, "a read-only array", "a writable array (it is written)");
+  if (nb::hasattr(src, "__dlpack__")) {
+    // The producer refused the export (a torch tensor that requires grad, say): say why.
+    try {
+      src.attr("__dlpack__")();
+    } catch (nb::python_error& e) {
+      throw_invalid(t.name, std::string("an array whose __dlpack__() failed (") + nb::str(e.value()).c_str() + ")",
+                    "an exportable array");
+    }
+  }
   throw_invalid(t.name, std::string("an object of type ") + Py_TYPE(obj.ptr())->tp_name,
                 "an array (numpy, torch, or any object with __dlpack__, "
                 "__cuda_array_interface__ or the buffer protocol)");

@@ -19,6 +19,16 @@ class FakeCudaArray:
                                          "data": (0x7F0000000000, False), "version": 3, "strides": None}
 
 
+class RefusesExport:
+    """An array whose producer refuses the DLPack export (as torch does for a tensor requiring grad)."""
+
+    def __dlpack__(self, **kwargs):
+        raise BufferError("cannot export: requires grad")
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
 def good_step(ex, p, rng):
     """A correct step after a rejected one: it runs and matches the reference."""
     n = p.n
@@ -150,6 +160,7 @@ STEP_CASES = [
     ("seq_lens", lambda p: np.repeat(p.seq_lens, 2)[::2], "seq_lens.strides"),
     ("seq_lens", lambda p: list(p.seq_lens), "seq_lens = an object of type list"),
     ("seq_lens", lambda p: None, "seq_lens = None"),
+    ("seq_lens", lambda p: RefusesExport(), "seq_lens = an array whose __dlpack__() failed (cannot export: requires grad)"),
     ("seq_lens", lambda p: FakeCudaArray(p.seq_lens.shape), "seq_lens.device = cuda:0 is invalid; allowed: host memory"),
     ("block_tables", lambda p: p.block_tables.astype(np.int64), "block_tables.dtype = int64"),
     ("block_tables", lambda p: p.block_tables[:1], "block_tables.shape = (1, 2)"),
