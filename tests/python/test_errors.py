@@ -150,6 +150,17 @@ def test_cuda_work_in_a_host_only_build(rng):
     assert type(e.value) is dg.Error
 
 
+@pytest.mark.skipif(not dg.built_with_cuda() or dg.cuda_device_available(),
+                    reason="needs a CUDA build on a machine without a CUDA device (the arrays here are fake)")
+def test_cuda_error_from_the_runtime_without_a_device(rng):
+    # A real CUDA failure, not an injected one: launching where no device is present.
+    p = make_problem(rng, lens=[10])
+    arrays = [FakeCudaArray(a.shape, "<f4") for a in (p.q, p.q, p.k_cache, p.v_cache)]
+    with pytest.raises(dg.CudaError) as e:
+        dg.paged_attention_v1(arrays[1], arrays[0], arrays[2], arrays[3], FakeCudaArray((1, 1)), FakeCudaArray((1,)))
+    assert e.value.code not in (0, 999) and str(e.value)
+
+
 # ------------------------------------------------------------------ bad arrays
 
 STEP_CASES = [
