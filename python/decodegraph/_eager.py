@@ -1,0 +1,132 @@
+"""Eager calls: one attention or KV append at a time, on any DLPack-capable arrays.
+
+Host arrays (numpy, torch CPU tensors) run the host implementation, the GIL released; CUDA arrays
+(torch CUDA tensors, cupy, anything with ``__dlpack__`` or ``__cuda_array_interface__``) run the CUDA
+kernels on ``stream``, asynchronously and capturable (nothing is allocated or read back). Every array
+of a call lives on one device. The spec comes from the shapes: the layout from ``k_cache``'s rank
+(5: vllm, 4: nhd), the dtype from ``q`` (fp16, bf16 or fp32; numpy bf16 is ``ml_dtypes.bfloat16``).
+
+Shapes:
+    q, out          [num_seqs, num_q_heads, head_size]; rows may be strided (a multiple of 16 bytes
+                    apart, e.g. q inside a fused QKV buffer), heads and elements packed
+    k_cache         vllm: [num_blocks, num_kv_heads, head_size / x, block_size, x], x = 16 bytes /
+                    element size; nhd: [num_blocks, block_size, num_kv_heads, head_size]
+    v_cache         vllm: [num_blocks, num_kv_heads, head_size, block_size]; nhd: as k_cache
+    block_tables    int32 [num_seqs, max_blocks_per_seq], contiguous
+    seq_lens        int32 [num_seqs], each 0 .. max_seq_len; 0 leaves that row of out untouched
+    alibi_slopes    float32 [num_q_heads] or None
+    key, value      [num_tokens, num_kv_heads, head_size] (rows may be strided)
+    slot_mapping    int64 [num_tokens]: block_id * block_size + offset; negative skips the token
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import _core
+from ._types import AttentionSpec
+
+Array = Any
+"""Any array the binding accepts: numpy, torch, or anything with ``__dlpack__``,
+``__cuda_array_interface__`` or the buffer protocol."""
+
+
+def paged_attention_v1(
+    out: Array,
+    q: Array,
+    k_cache: Array,
+    v_cache: Array,
+    block_tables: Array,
+    seq_lens: Array,
+    *,
+    max_seq_len: int = 0,
+    scale: float = 0.0,
+    alibi_slopes: Optional[Array] = None,
+    stream: Any = None,
+) -> Array:
+    """Single-pass paged decode attention (V1): ``out = softmax(scale * q K^T + alibi) V`` per
+    sequence and query head, over the ``seq_lens[i]`` tokens of sequence i's blocks.
+
+    Args:
+        out: written, [num_seqs, num_q_heads, head_size] in q's dtype.
+        q: [num_seqs, num_q_heads, head_size].
+        k_cache, v_cache: the layer's paged caches (see the module docstring for both layouts).
+        block_tables: int32 [num_seqs, max_blocks_per_seq].
+        seq_lens: int32 [num_seqs].
+        max_seq_len: bound on every length (sizes the grid); 0 = block_tables.shape[1] * block_size.
+        scale: softmax scale; 0 = 1/sqrt(head_size).
+        alibi_slopes: float32 [num_q_heads], or None for no ALiBi (bias = slope * (pos - len + 1)).
+        stream: CUDA arrays only: an int cudaStream_t, a torch.cuda.Stream, or None (the legacy
+            default stream). The call returns once the work is enqueued.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        InvalidArgument: a bad array (naming it) or a bad length / block id (host arrays).
+    """
+    return _core.paged_attention_v1(
+        out, q, k_cache, v_cache, block_tables, seq_lens,
+        max_seq_len=max_seq_len, scale=scale, alibi_slopes=alibi_slopes, stream=stream,
+    )
+
+
+def paged_attention_v2(
+    out: Array,
+    q: Array,
+    k_cache: Array,
+    v_cache: Array,
+    block_tables: Array,
+    seq_lens: Array,
+    *,
+    partition_size: int,
+    workspace: Optional[Array] = None,
+    max_seq_len: int = 0,
+    scale: float = 0.0,
+    alibi_slopes: Optional[Array] = None,
+    stream: Any = None,
+) -> Array:
+    """Two-pass paged decode attention (V2): pass 1 writes fp32 partials per partition of
+    ``partition_size`` tokens, pass 2 merges them in a fixed order. Same result as V1 within rounding.
+
+    Args:
+        partition_size: tokens per partition, a positive multiple of block_size.
+        workspace: uint8 [>= v2_workspace_size(spec, num_seqs, max_seq_len, partition_size)] on
+            the arrays' device. Required for CUDA arrays; None on the host allocates one for the call.
+        Others: as :func:`paged_attention_v1`.
+
+    Returns:
+        ``out``.
+    """
+    return _core.paged_attention_v2(
+        out, q, k_cache, v_cache, block_tables, seq_lens,
+        partition_size=partition_size, workspace=workspace, max_seq_len=max_seq_len,
+        scale=scale, alibi_slopes=alibi_slopes, stream=stream,
+    )
+
+
+def v2_workspace_size(spec: AttentionSpec, num_seqs: int, max_seq_len: int, partition_size: int) -> int:
+    """Bytes of workspace :func:`paged_attention_v2` needs for ``num_seqs`` sequences of at most
+    ``max_seq_len`` tokens at ``partition_size`` (fp32 max logits, exp sums and partial outputs)."""
+    return int(_core.v2_workspace_size(spec, num_seqs, max_seq_len, partition_size))
+
+
+def append_kv(
+    key: Array,
+    value: Array,
+    k_cache: Array,
+    v_cache: Array,
+    slot_mapping: Array,
+    *,
+    stream: Any = None,
+) -> None:
+    """Writes each token's new K/V into the paged caches (vLLM's reshape_and_cache).
+
+    Args:
+        key, value: [num_tokens, num_kv_heads, head_size] in the caches' dtype.
+        k_cache, v_cache: written; the layout follows from k_cache's rank.
+        slot_mapping: int64 [num_tokens]; slot = block_id * block_size + offset, negative = skip.
+            Host arrays: a slot past the cache raises InvalidArgument (CUDA: it is skipped).
+        stream: as :func:`paged_attention_v1`.
+    """
+    _core.append_kv(key, value, k_cache, v_cache, slot_mapping, stream=stream)

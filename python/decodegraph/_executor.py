@@ -1,0 +1,308 @@
+"""The decode-step executor (C++ ``decodegraph::Executor``) in Python.
+
+Keep-alive rules:
+
+- The executor holds every array it was given (``LayerBuffers``: caches, q/out/new K/V) until it
+  is destroyed or :meth:`Executor.rebind_layers` replaces them; their addresses are fixed into the
+  graphs, so they must not be resized or reallocated in place meanwhile.
+- The views it returns (:meth:`Executor.query` & co., :meth:`Executor.host_staging`) hold the
+  executor: its buffers live as long as any view of them.
+- The step body, and the host callbacks it enqueues, are held by the executor. A body or callback
+  that refers back to the executor object forms a cycle that Python's collector frees; a callback
+  that holds a *view* forms one it cannot see through (numpy arrays do not take part in cycle
+  collection), so read views inside the callback (``ex.query(l)``) rather than capturing them, or
+  give the executor your own q/out arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+from . import _core
+from ._core import BackendKind, BandSelect, DType
+from ._types import (
+    AttentionSpec,
+    BucketPlan,
+    ExecutorConfig,
+    ExecutorStats,
+    HostStaging,
+    LayerBuffers,
+    MemoryReport,
+    StepResult,
+    replace_config,
+)
+
+Array = Any
+
+
+class StepContext:
+    """Given to the step body while a graph is captured; what it enqueues becomes the graph.
+
+    Valid only inside the body. Host backend: :meth:`enqueue_host` records Python work that runs at
+    every replay, in order with the layers' :meth:`append_kv` and :meth:`attention`. CUDA backend:
+    launch your own kernels on :attr:`stream` (the stream being captured).
+    """
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+
+    @property
+    def stream(self) -> int:
+        """The stream being captured (CUDA backend; 0 on the host backend), as an int handle."""
+        return int(self._ctx.stream)
+
+    @property
+    def backend(self) -> BackendKind:
+        backend: BackendKind = self._ctx.backend
+        return backend
+
+    @property
+    def plan(self) -> BucketPlan:
+        """The plan of the graph being captured: its batch and launch_len bound every step it replays."""
+        return BucketPlan._from_core(self._ctx.plan)
+
+    def append_kv(self, layer: int) -> None:
+        """Appends layer ``layer``'s new K/V (the step's slot_mapping) into its cache."""
+        self._ctx.append_kv(layer)
+
+    def attention(self, layer: int) -> None:
+        """Attention for layer ``layer`` on its q/out buffers."""
+        self._ctx.attention(layer)
+
+    def enqueue_host(self, fn: Callable[[], None]) -> None:
+        """Records ``fn()`` into the graph (host backend only): it runs, with the GIL, at every replay.
+        An exception it raises propagates out of ``step()``."""
+        self._ctx.enqueue_host(fn)
+
+
+StepBody = Callable[[StepContext], None]
+
+
+class Executor:
+    """Captures the attention of a decode step into graphs and replays the right one each step.
+
+    ``Executor(config)`` with an :class:`ExecutorConfig`, or ``Executor(**fields)`` with its fields
+    as keywords (or both: the keywords replace the config's fields). Planning happens here; graphs
+    are captured lazily (or up front with ``capture="up_front"``). ``backend="auto"`` picks CUDA when
+    this build has it and a device is present, else the host backend.
+
+    Each step: write q (and new K/V) into :meth:`query` / :meth:`new_key` / :meth:`new_value` (or
+    your own arrays given in ``LayerBuffers``), call :meth:`step`, read :meth:`output`.
+    Calls from several threads are serialised; long calls release the GIL.
+    """
+
+    def __init__(
+        self,
+        config: Optional[ExecutorConfig] = None,
+        /,
+        *,
+        step_body: Optional[StepBody] = None,
+        **fields: Any,
+    ) -> None:
+        if config is None:
+            config = ExecutorConfig(**fields)
+        elif fields:
+            config = replace_config(config, **fields)
+        else:
+            config = replace_config(config)
+        config.normalize()
+        self._config = config
+        self._layers: List[LayerBuffers] = list(config.layers)
+        body = None
+        if step_body is not None:
+            user_body = step_body
+
+            def body(ctx: Any) -> None:
+                user_body(StepContext(ctx))
+
+        self._core = _core.Executor(config, body)
+
+    # ------------------------------------------------------------------ steps
+
+    def step(
+        self,
+        seq_lens: Array,
+        block_tables: Array,
+        slot_mapping: Optional[Array] = None,
+        *,
+        stream: Any = None,
+        max_seq_len: Optional[int] = None,
+    ) -> StepResult:
+        """Validates, buckets, stages and replays one decode step.
+
+        Args:
+            seq_lens: int32 [num_seqs], each sequence's tokens including the one appended this step.
+            block_tables: int32 [num_seqs, block_table_stride], contiguous.
+            slot_mapping: int64 [num_seqs], the slot of position seq_len - 1 (negative: skip the
+                append). Required unless ``append_kv=False``.
+            stream: CUDA backend: an int cudaStream_t or a torch.cuda.Stream to stage and replay on,
+                in order with your work there; None runs on the executor's own :attr:`stream`.
+                Ignored by the host backend.
+            max_seq_len: optional bound on this step's lengths; with device-resident inputs it
+                spares step() reading them back.
+
+        Inputs on the host (numpy) or, on the CUDA backend, on the device (torch CUDA tensors).
+        The host backend runs the step before returning; CUDA enqueues it on the stream.
+
+        Raises:
+            InvalidArgument: bad input; nothing ran and the executor is unchanged.
+        """
+        d = self._core.step(
+            seq_lens, block_tables, slot_mapping, stream=stream, max_seq_len=max_seq_len or 0
+        )
+        return StepResult(**d)
+
+    def capture_all(self) -> None:
+        """Captures every bucket now (what ``capture="up_front"`` does in the constructor)."""
+        self._core.capture_all()
+
+    def check_errors(self) -> None:
+        """Waits for the last step and raises InvalidArgument if a step since the last report read a
+        block id outside [0, num_blocks) (possible under ``validation="cheap"``)."""
+        self._core.check_errors()
+
+    def rebind_layers(self, layers: Sequence[LayerBuffers]) -> None:
+        """Points every graph at new arrays of the same shapes (a reallocated cache, say). The old
+        arrays are released once it returns; on error nothing changes."""
+        layers = list(layers)
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, LayerBuffers):
+                raise TypeError(f"layers[{i}]: expected LayerBuffers, got {type(layer).__name__}")
+        self._core.rebind_layers(layers)
+        self._layers = layers
+        self._config = replace_config(self._config, layers=layers)
+
+    # ------------------------------------------------------------------ buffers (zero-copy views)
+
+    def _view(self, layer: int, which: int, given: Any) -> Array:
+        if given is not None:
+            return given
+        v = self._core.query(layer) if which == 0 else self._core.output(layer) if which == 1 else (
+            self._core.new_key(layer) if which == 2 else self._core.new_value(layer))
+        return _as_array(v, self._config.spec.dtype, self.backend)
+
+    def _given(self, layer: int, name: str) -> Any:
+        if 0 <= layer < len(self._layers):
+            return getattr(self._layers[layer], name)
+        return None
+
+    def query(self, layer: int) -> Array:
+        """Layer ``layer``'s q: [max_batch, num_q_heads, head_size], written by you before a step.
+        A zero-copy view of the executor's buffer (numpy on the host backend; a torch tensor on
+        CUDA when torch is importable, else a DLPack-capable object), or your own array if you gave
+        one in LayerBuffers."""
+        return self._view(layer, 0, self._given(layer, "q"))
+
+    def output(self, layer: int) -> Array:
+        """Layer ``layer``'s attention output: [max_batch, num_q_heads, head_size]; rows past the
+        step's num_seqs are padding. A view, as :meth:`query`."""
+        return self._view(layer, 1, self._given(layer, "out"))
+
+    def new_key(self, layer: int) -> Array:
+        """Layer ``layer``'s new K, appended at slot_mapping each step: [max_batch, num_kv_heads, head_size]."""
+        return self._view(layer, 2, self._given(layer, "new_key"))
+
+    def new_value(self, layer: int) -> Array:
+        """Layer ``layer``'s new V: [max_batch, num_kv_heads, head_size]."""
+        return self._view(layer, 3, self._given(layer, "new_value"))
+
+    def host_staging(self) -> HostStaging:
+        """The pinned host staging buffers as numpy views (valid until the next step): inputs written
+        there and passed to step() as they are skip step()'s copy."""
+        d = self._core.host_staging()
+        import numpy as np
+
+        return HostStaging(
+            seq_lens=np.asarray(d["seq_lens"]),
+            block_tables=np.asarray(d["block_tables"]),
+            slot_mapping=np.asarray(d["slot_mapping"]),
+            block_table_stride=int(d["block_table_stride"]),
+        )
+
+    # ------------------------------------------------------------------ plans and statistics
+
+    def plans(self) -> List[BucketPlan]:
+        """Every bucket's plan, bucket-major (index = bucket * bands + band)."""
+        return [BucketPlan._from_core(d) for d in self._core.plans()]
+
+    def plan_for(self, step_or_bucket: Union[StepResult, int], band: Optional[int] = None) -> BucketPlan:
+        """The plan a step ran (``plan_for(result)``), or of batch-bucket index ``bucket`` and band
+        index ``band`` (``plan_for(bucket, band)``)."""
+        if isinstance(step_or_bucket, StepResult):
+            return BucketPlan._from_core(self._core.plan_for(step_or_bucket.bucket, step_or_bucket.band))
+        if band is None:
+            raise TypeError("plan_for(bucket, band): band is required with a bucket index")
+        return BucketPlan._from_core(self._core.plan_for(int(step_or_bucket), int(band)))
+
+    def plan_for_batch(self, batch_size: int, band: int) -> BucketPlan:
+        """The plan a step of ``batch_size`` sequences (1..max_batch) in band index ``band`` replays."""
+        return BucketPlan._from_core(self._core.plan_for_batch(batch_size, band))
+
+    def plan_table(self) -> str:
+        """Every plan as an aligned text table."""
+        return str(self._core.plan_table())
+
+    def stats(self) -> ExecutorStats:
+        """Capture, replay and staging counters (CUDA: waits for the last step)."""
+        return ExecutorStats._from_core(self._core.stats())
+
+    def memory(self) -> MemoryReport:
+        """Bytes of static buffers, V2 workspace and graphs."""
+        return MemoryReport(**self._core.memory())
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def config(self) -> ExecutorConfig:
+        """The configuration as given (normalised; layers as last bound)."""
+        return self._config
+
+    @property
+    def spec(self) -> AttentionSpec:
+        return self._config.spec
+
+    @property
+    def num_layers(self) -> int:
+        return int(self._core.num_layers)
+
+    @property
+    def backend(self) -> BackendKind:
+        """The backend in effect: CUDA or HOST."""
+        return self._core.backend
+
+    @property
+    def band_select(self) -> BandSelect:
+        """The band choice in effect (DEVICE falls back to HOST where SWITCH nodes are missing)."""
+        return self._core.band_select
+
+    @property
+    def stream(self) -> int:
+        """The executor's own stream as an int handle (0 on the host backend)."""
+        return int(self._core.stream)
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (f"Executor(backend={self.backend.name.lower()}, layers={self.num_layers}, "
+                f"heads={s.num_q_heads}/{s.num_kv_heads}, head_size={s.head_size}, "
+                f"dtype={s.dtype.name.lower()}, layout={s.layout.name.lower()}, "
+                f"max_batch={self._config.max_batch}, max_seq_len={self._config.max_seq_len})")
+
+
+def _as_array(view: Any, dtype: Any, backend: BackendKind) -> Array:
+    """An executor-owned buffer as the backend's natural array type, zero-copy."""
+    if backend is BackendKind.HOST:
+        import numpy as np
+
+        a = np.asarray(view)
+        if dtype is DType.BF16:  # exported as uint16: numpy has no bfloat16 of its own
+            import ml_dtypes
+
+            a = a.view(ml_dtypes.bfloat16)
+        return a
+    try:
+        import torch
+    except ImportError:
+        return view
+    return torch.from_dlpack(view)

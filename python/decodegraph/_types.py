@@ -1,0 +1,383 @@
+"""Plain Python objects for the C++ structs: the configuration going in, plans and statistics coming out.
+
+Field names are the C++ names (include/decodegraph/types.hpp, executor.hpp), so the C++ docs apply.
+Enum fields take the enum members or their names as strings in any case ("bf16", "nhd", "auto"...).
+One class per C++ struct; python/src/convert.cpp converts each in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
+
+from . import _core
+from ._core import (
+    BackendKind,
+    BandSelect,
+    CapturePolicy,
+    DType,
+    KernelKind,
+    KernelPolicy,
+    KVLayout,
+    PlanReason,
+    ValidationLevel,
+)
+from ._errors import InvalidArgument
+
+E = TypeVar("E", bound=enum.Enum)
+
+_DTYPE_ALIASES = {
+    "fp16": DType.FP16, "float16": DType.FP16, "half": DType.FP16,
+    "bf16": DType.BF16, "bfloat16": DType.BF16,
+    "fp32": DType.FP32, "float32": DType.FP32, "float": DType.FP32,
+}
+
+
+def coerce_enum(cls: Type[E], value: Any, name: str) -> E:
+    """``value`` as a member of ``cls``: a member, or its name (any case; dtypes also take
+    fp16/float16/half, bf16/bfloat16, fp32/float32/float, numpy and torch dtypes)."""
+    if isinstance(value, cls):
+        return value
+    key = None
+    if isinstance(value, str):
+        key = value.strip().lower().replace("-", "_")
+    elif cls is DType and value is not None:
+        # numpy dtypes and scalar types (np.float16, ml_dtypes.bfloat16), torch dtypes (torch.float16).
+        text = getattr(value, "__name__", None) or str(value)
+        key = text.rsplit(".", 1)[-1].lower()
+    if key is not None:
+        if cls is DType and key in _DTYPE_ALIASES:
+            return _DTYPE_ALIASES[key]  # type: ignore[return-value]
+        for member in cls:
+            if member.name.lower() == key:
+                return member
+    allowed = ", ".join(m.name.lower() for m in cls)
+    raise InvalidArgument(f"{name} = {value!r} is invalid; allowed: {allowed} (or {cls.__name__} members)")
+
+
+def numpy_dtype(dtype: DType | str) -> Any:
+    """The numpy dtype of ``dtype``: float16, ml_dtypes.bfloat16 or float32."""
+    import numpy as np
+
+    d = coerce_enum(DType, dtype, "dtype")
+    if d is DType.BF16:
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(np.float16 if d is DType.FP16 else np.float32)
+
+
+@dataclass
+class AttentionSpec:
+    """The static shape of one attention layer (C++ ``AttentionSpec``).
+
+    ``scale`` 0 selects 1/sqrt(head_size). Caches (see :meth:`k_cache_shape`):
+
+    - ``vllm``: K ``[num_blocks, num_kv_heads, head_size / x, block_size, x]`` with
+      x = 16 bytes / element size, V ``[num_blocks, num_kv_heads, head_size, block_size]``;
+    - ``nhd``: K and V ``[num_blocks, block_size, num_kv_heads, head_size]``.
+    """
+
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    head_size: int = 128
+    block_size: int = 16
+    dtype: DType = DType.BF16
+    layout: KVLayout = KVLayout.VLLM
+    scale: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.dtype = coerce_enum(DType, self.dtype, "spec.dtype")
+        self.layout = coerce_enum(KVLayout, self.layout, "spec.layout")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def effective_scale(self) -> float:
+        """``scale``, or 1/sqrt(head_size) when it is 0."""
+        return self.scale if self.scale != 0 else 1.0 / math.sqrt(self.head_size)
+
+    @property
+    def x(self) -> int:
+        """Elements per 16 bytes: the innermost extent of a vllm-layout K cache."""
+        return 16 // (2 if self.dtype in (DType.FP16, DType.BF16) else 4)
+
+    def k_cache_shape(self, num_blocks: int) -> Tuple[int, ...]:
+        """Shape of one layer's K cache of ``num_blocks`` blocks in this layout."""
+        if self.layout is KVLayout.NHD:
+            return (num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+        return (num_blocks, self.num_kv_heads, self.head_size // self.x, self.block_size, self.x)
+
+    def v_cache_shape(self, num_blocks: int) -> Tuple[int, ...]:
+        """Shape of one layer's V cache of ``num_blocks`` blocks in this layout."""
+        if self.layout is KVLayout.NHD:
+            return (num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+        return (num_blocks, self.num_kv_heads, self.head_size, self.block_size)
+
+    def validate(self) -> None:
+        """Raises InvalidArgument for any unsupported value (C++ ``validate_spec``)."""
+        _core.validate_spec(self)
+
+
+@dataclass
+class DeviceModel:
+    """What the planner assumes about the GPU; zero fields are queried (CUDA) or modelled (host: an H200)."""
+
+    num_sms: int = 0
+    blocks_per_sm: int = 0
+
+    @property
+    def target_blocks(self) -> int:
+        """Resident pass-1 blocks: num_sms x blocks_per_sm."""
+        return self.num_sms * self.blocks_per_sm
+
+
+@dataclass
+class LayerBuffers:
+    """One layer's arrays (C++ ``LayerBuffers``); any DLPack-capable array (numpy, torch, ...).
+
+    - ``k_cache``, ``v_cache``: required, contiguous, in the spec's layout and dtype
+      (:meth:`AttentionSpec.k_cache_shape`), at least ``num_blocks`` blocks.
+    - ``q``, ``out``: ``[rows >= max_batch, num_q_heads, head_size]`` (or 2-D
+      ``[rows, num_q_heads * head_size]``); ``new_key``, ``new_value``: the same with
+      ``num_kv_heads``. Rows may be strided (a slice of a fused QKV buffer: a multiple of 16 bytes
+      apart); heads and elements packed. ``None``: the executor owns the buffer
+      (``Executor.query(l)`` & co. return it).
+
+    The executor keeps every array given here alive, at a fixed address, until it is destroyed or
+    ``rebind_layers`` replaces them.
+    """
+
+    k_cache: Any
+    v_cache: Any
+    q: Any = None
+    out: Any = None
+    new_key: Any = None
+    new_value: Any = None
+
+
+@dataclass
+class ExecutorConfig:
+    """Executor configuration (C++ ``ExecutorConfig``); ``num_layers`` is ``len(layers)``.
+
+    ``num_blocks`` 0 takes the first layer's K cache's ``shape[0]``; empty ``band_edges`` /
+    ``batch_buckets`` take the defaults (:func:`decodegraph.default_band_edges`,
+    :func:`decodegraph.default_batch_buckets`); ``validation`` None takes the library's default
+    (``CHEAP`` in release builds). See include/decodegraph/executor.hpp for every field.
+    """
+
+    spec: AttentionSpec = field(default_factory=AttentionSpec)
+    layers: List[LayerBuffers] = field(default_factory=list)
+    max_batch: int = 8
+    max_seq_len: int = 8192
+    num_blocks: int = 0
+    max_blocks_per_seq: int = 0
+    v2_threshold: int = 8192
+    band_edges: List[int] = field(default_factory=list)
+    batch_buckets: List[int] = field(default_factory=list)
+    partition_size: int = 0
+    policy: KernelPolicy = KernelPolicy.AUTO
+    device_model: Optional[DeviceModel] = None
+    measure_replays: int = 3
+    band_select: BandSelect = BandSelect.DEVICE
+    capture: CapturePolicy = CapturePolicy.LAZY
+    backend: BackendKind = BackendKind.AUTO
+    validation: Optional[ValidationLevel] = None
+    append_kv: bool = True
+    memory_budget_bytes: int = 0
+    log_level: str = ""
+    alibi_slopes: Optional[Sequence[float]] = None
+
+    def __post_init__(self) -> None:
+        self.normalize()
+
+    def normalize(self) -> None:
+        """Converts enum names to members and checks the field types (run again by Executor)."""
+        if not isinstance(self.spec, AttentionSpec):
+            raise InvalidArgument(f"spec = {self.spec!r} is invalid; allowed: an AttentionSpec")
+        self.spec.__post_init__()
+        self.policy = coerce_enum(KernelPolicy, self.policy, "policy")
+        self.band_select = coerce_enum(BandSelect, self.band_select, "band_select")
+        self.capture = coerce_enum(CapturePolicy, self.capture, "capture")
+        self.backend = coerce_enum(BackendKind, self.backend, "backend")
+        if self.validation is not None:
+            self.validation = coerce_enum(ValidationLevel, self.validation, "validation")
+        if self.device_model is not None and not isinstance(self.device_model, DeviceModel):
+            raise InvalidArgument(f"device_model = {self.device_model!r} is invalid; allowed: a DeviceModel or None")
+        self.layers = list(self.layers)
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, LayerBuffers):
+                raise InvalidArgument(f"layers[{i}] = {type(layer).__name__} is invalid; allowed: a LayerBuffers")
+        self.band_edges = [int(e) for e in self.band_edges]
+        self.batch_buckets = [int(b) for b in self.batch_buckets]
+        if self.alibi_slopes is not None:
+            self.alibi_slopes = [float(s) for s in self.alibi_slopes]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+@dataclass
+class PlanCandidate:
+    """One launch KernelPolicy.MEASURED times for a bucket; ``us`` -1: not measured."""
+
+    kernel: KernelKind
+    partition_size: int
+    us: float
+
+
+@dataclass
+class BucketPlan:
+    """The plan of one bucket (batch bucket x length band), C++ ``BucketPlan``.
+
+    ``grid`` is the attention (V1 or V2 pass 1) grid (x, y, z), ``merge_grid`` V2's pass-2 grid;
+    ``reason_text`` is ``describe_reason``'s line. Lengths in (band_lo, band_hi] replay it.
+    """
+
+    batch: int
+    band: int
+    band_lo: int
+    band_hi: int
+    kernel: KernelKind
+    partition_size: int
+    max_partitions: int
+    grid: Tuple[int, int, int]
+    merge_grid: Tuple[int, int]
+    workspace_bytes: int
+    launch_len: int
+    design_len: int
+    blocks: int
+    target_blocks: int
+    live_blocks_at_band_lo: int
+    waves: float
+    reason: PlanReason
+    reason_text: str
+    graph_id: int
+    candidates: List[PlanCandidate]
+
+    @classmethod
+    def _from_core(cls, d: Dict[str, Any]) -> BucketPlan:
+        d = dict(d)
+        d["candidates"] = [PlanCandidate(**c) for c in d["candidates"]]
+        return cls(**d)
+
+
+@dataclass
+class StepResult:
+    """What one step ran (C++ ``StepResult``). ``bucket`` is the batch bucket's index; ``band`` is -1
+    (and band_hi, kernel, partition_size unknown) when a kDevice graph chose the band on the device."""
+
+    bucket: int
+    bucket_batch_size: int
+    band: int
+    band_hi: int
+    kernel: KernelKind
+    partition_size: int
+    band_on_device: bool
+    captured: bool
+    measured: bool
+    graph_id: int
+
+
+@dataclass
+class GraphStats:
+    """One captured graph (C++ ``GraphStats``); a graph shared by several buckets appears once."""
+
+    graph_id: int
+    batch: int
+    band: int
+    last_band: int
+    band_lo: int
+    band_hi: int
+    buckets: int
+    kernel: KernelKind
+    partition_size: int
+    captures: int
+    updates: int
+    reinstantiations: int
+    replays: int
+    nodes: int
+    capture_ms: float
+    instantiate_ms: float
+    measure_ms: float
+    bytes: int
+    switch_graph: bool
+    branches: int
+    band_replays: List[int]
+    band_kernels: List[KernelKind]
+
+
+@dataclass
+class ExecutorStats:
+    """Capture and replay counters (C++ ``ExecutorStats``)."""
+
+    graphs: List[GraphStats]
+    band_select: BandSelect
+    band_select_note: str
+    buckets: int
+    distinct_graphs: int
+    distinct_plans: int
+    undecided_buckets: int
+    steps: int
+    rejected_steps: int
+    total_captures: int
+    capture_ms: float
+    instantiate_ms: float
+    measure_ms: float
+    measured_buckets: int
+    candidate_graphs: int
+    rebinds: int
+    graph_updates: int
+    graph_reinstantiations: int
+    input_downloads: int
+    staging_copy_bytes: int
+    bad_block_reports: int
+    replays_v1: int
+    replays_v2: int
+
+    def replays(self, kind: KernelKind | str) -> int:
+        """Replays of ``kind``'s launches (C++ ``ExecutorStats::replays``)."""
+        return self.replays_v1 if coerce_enum(KernelKind, kind, "kind") is KernelKind.V1 else self.replays_v2
+
+    @classmethod
+    def _from_core(cls, d: Dict[str, Any]) -> ExecutorStats:
+        d = dict(d)
+        d["graphs"] = [GraphStats(**g) for g in d["graphs"]]
+        return cls(**d)
+
+
+@dataclass
+class MemoryReport:
+    """Memory the executor holds, in bytes (C++ ``MemoryReport``)."""
+
+    static_buffers: int
+    workspace: int
+    graphs: int
+
+    @property
+    def total(self) -> int:
+        return self.static_buffers + self.workspace + self.graphs
+
+
+@dataclass
+class HostStaging:
+    """The executor's host staging buffers as zero-copy numpy views: write a step's inputs here and
+    pass (slices of) them to ``step()``, which then skips its copy. ``block_tables`` is
+    ``[max_batch, block_table_stride]``; pass ``block_tables[:n]``."""
+
+    seq_lens: Any
+    block_tables: Any
+    slot_mapping: Any
+    block_table_stride: int
+
+
+def replace_config(config: ExecutorConfig, **changes: Any) -> ExecutorConfig:
+    """A copy of ``config`` with ``changes`` (dataclasses.replace, normalised)."""
+    return dataclasses.replace(config, **changes)

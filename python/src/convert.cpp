@@ -1,0 +1,192 @@
+// Struct conversions (convert.hpp). Field names are the C++ names, which the dataclasses share.
+#include "convert.hpp"
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+namespace dgpy {
+namespace {
+
+template <typename T>
+T get(nb::handle o, const char* field) {
+  return nb::cast<T>(o.attr(field));
+}
+
+}  // namespace
+
+dg::AttentionSpec spec_from_py(nb::handle o) {
+  dg::AttentionSpec s;
+  s.num_q_heads = get<int>(o, "num_q_heads");
+  s.num_kv_heads = get<int>(o, "num_kv_heads");
+  s.head_size = get<int>(o, "head_size");
+  s.block_size = get<int>(o, "block_size");
+  s.dtype = get<dg::DType>(o, "dtype");
+  s.layout = get<dg::KVLayout>(o, "layout");
+  s.scale = get<float>(o, "scale");
+  return s;
+}
+
+dg::DeviceModel device_model_from_py(nb::handle o) {
+  dg::DeviceModel m;
+  if (o.is_none()) return m;
+  m.num_sms = get<int>(o, "num_sms");
+  m.blocks_per_sm = get<int>(o, "blocks_per_sm");
+  return m;
+}
+
+dg::ExecutorConfig config_from_py(nb::handle o) {
+  dg::ExecutorConfig c;
+  c.spec = spec_from_py(o.attr("spec"));
+  if (!o.attr("alibi_slopes").is_none()) c.alibi_slopes = get<std::vector<float>>(o, "alibi_slopes");
+  c.num_layers = static_cast<int>(nb::len(nb::object(o.attr("layers"))));
+  c.max_batch = get<int>(o, "max_batch");
+  c.max_seq_len = get<int>(o, "max_seq_len");
+  c.num_blocks = get<int>(o, "num_blocks");
+  c.max_blocks_per_seq = get<int>(o, "max_blocks_per_seq");
+  c.v2_threshold = get<int>(o, "v2_threshold");
+  c.band_edges = get<std::vector<int>>(o, "band_edges");
+  c.batch_buckets = get<std::vector<int>>(o, "batch_buckets");
+  c.partition_size = get<int>(o, "partition_size");
+  c.policy = get<dg::KernelPolicy>(o, "policy");
+  c.device_model = device_model_from_py(o.attr("device_model"));
+  c.measure_replays = get<int>(o, "measure_replays");
+  c.band_select = get<dg::BandSelect>(o, "band_select");
+  c.capture = get<dg::CapturePolicy>(o, "capture");
+  c.backend = get<dg::BackendKind>(o, "backend");
+  if (!o.attr("validation").is_none()) c.validation = get<dg::ValidationLevel>(o, "validation");
+  c.append_kv = get<bool>(o, "append_kv");
+  c.memory_budget_bytes = get<std::size_t>(o, "memory_budget_bytes");
+  c.log_level = get<std::string>(o, "log_level");
+  return c;
+}
+
+nb::dict to_py(const dg::DeviceModel& m) {
+  nb::dict d;
+  d["num_sms"] = m.num_sms;
+  d["blocks_per_sm"] = m.blocks_per_sm;
+  return d;
+}
+
+nb::dict to_py(const dg::PlanCandidate& c) {
+  nb::dict d;
+  d["kernel"] = c.kernel;
+  d["partition_size"] = c.partition_size;
+  d["us"] = c.us;
+  return d;
+}
+
+nb::dict to_py(const dg::BucketPlan& p) {
+  nb::dict d;
+  d["batch"] = p.batch;
+  d["band"] = p.band;
+  d["band_lo"] = p.band_lo;
+  d["band_hi"] = p.band_hi;
+  d["kernel"] = p.kernel;
+  d["partition_size"] = p.partition_size;
+  d["max_partitions"] = p.max_partitions;
+  d["grid"] = nb::make_tuple(p.grid_x, p.grid_y, p.grid_z);
+  d["merge_grid"] = nb::make_tuple(p.merge_grid_x, p.merge_grid_y);
+  d["workspace_bytes"] = p.workspace_bytes;
+  d["launch_len"] = p.launch_len;
+  d["design_len"] = p.design_len;
+  d["blocks"] = p.blocks;
+  d["target_blocks"] = p.target_blocks;
+  d["live_blocks_at_band_lo"] = p.live_blocks_at_band_lo;
+  d["waves"] = p.waves;
+  d["reason"] = p.reason;
+  d["reason_text"] = dg::describe_reason(p);
+  d["graph_id"] = p.graph_id;
+  nb::list cands;
+  for (const auto& c : p.candidates) cands.append(to_py(c));
+  d["candidates"] = cands;
+  return d;
+}
+
+nb::list to_py(const std::vector<dg::BucketPlan>& plans) {
+  nb::list l;
+  for (const auto& p : plans) l.append(to_py(p));
+  return l;
+}
+
+nb::dict to_py(const dg::GraphStats& g) {
+  nb::dict d;
+  d["graph_id"] = g.graph_id;
+  d["batch"] = g.batch;
+  d["band"] = g.band;
+  d["last_band"] = g.last_band;
+  d["band_lo"] = g.band_lo;
+  d["band_hi"] = g.band_hi;
+  d["buckets"] = g.buckets;
+  d["kernel"] = g.kernel;
+  d["partition_size"] = g.partition_size;
+  d["captures"] = g.captures;
+  d["updates"] = g.updates;
+  d["reinstantiations"] = g.reinstantiations;
+  d["replays"] = g.replays;
+  d["nodes"] = g.nodes;
+  d["capture_ms"] = g.capture_ms;
+  d["instantiate_ms"] = g.instantiate_ms;
+  d["measure_ms"] = g.measure_ms;
+  d["bytes"] = g.bytes;
+  d["switch_graph"] = g.switch_graph;
+  d["branches"] = g.branches;
+  d["band_replays"] = g.band_replays;
+  d["band_kernels"] = g.band_kernels;
+  return d;
+}
+
+nb::dict to_py(const dg::ExecutorStats& s) {
+  nb::dict d;
+  nb::list graphs;
+  for (const auto& g : s.graphs) graphs.append(to_py(g));
+  d["graphs"] = graphs;
+  d["band_select"] = s.band_select;
+  d["band_select_note"] = s.band_select_note;
+  d["buckets"] = s.buckets;
+  d["distinct_graphs"] = s.distinct_graphs;
+  d["distinct_plans"] = s.distinct_plans;
+  d["undecided_buckets"] = s.undecided_buckets;
+  d["steps"] = s.steps;
+  d["rejected_steps"] = s.rejected_steps;
+  d["total_captures"] = s.total_captures;
+  d["capture_ms"] = s.capture_ms;
+  d["instantiate_ms"] = s.instantiate_ms;
+  d["measure_ms"] = s.measure_ms;
+  d["measured_buckets"] = s.measured_buckets;
+  d["candidate_graphs"] = s.candidate_graphs;
+  d["rebinds"] = s.rebinds;
+  d["graph_updates"] = s.graph_updates;
+  d["graph_reinstantiations"] = s.graph_reinstantiations;
+  d["input_downloads"] = s.input_downloads;
+  d["staging_copy_bytes"] = s.staging_copy_bytes;
+  d["bad_block_reports"] = s.bad_block_reports;
+  // ExecutorStats::replays(kind), evaluated here so that the Python side does not restate its rule.
+  d["replays_v1"] = s.replays(dg::KernelKind::kV1);
+  d["replays_v2"] = s.replays(dg::KernelKind::kV2);
+  return d;
+}
+
+nb::dict to_py(const dg::MemoryReport& m) {
+  nb::dict d;
+  d["static_buffers"] = m.static_buffers;
+  d["workspace"] = m.workspace;
+  d["graphs"] = m.graphs;
+  return d;
+}
+
+nb::dict to_py(const dg::StepResult& r) {
+  nb::dict d;
+  d["bucket"] = r.bucket.value;
+  d["bucket_batch_size"] = r.bucket_batch_size;
+  d["band"] = r.band;
+  d["band_hi"] = r.band_hi;
+  d["kernel"] = r.kernel;
+  d["partition_size"] = r.partition_size;
+  d["band_on_device"] = r.band_on_device;
+  d["captured"] = r.captured;
+  d["measured"] = r.measured;
+  d["graph_id"] = r.graph_id;
+  return d;
+}
+
+}  // namespace dgpy

@@ -1,0 +1,260 @@
+// The eager calls: paged_attention_v1, paged_attention_v2, append_kv, v2_workspace_size. The spec
+// comes from the arrays' shapes (the layout from k_cache's rank: 5 = vllm, 4 = nhd). Host arrays
+// run the host implementation (host::), with the GIL released; CUDA arrays run the CUDA launchers
+// on `stream` (capturable: nothing is allocated or read back).
+#include <nanobind/nanobind.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "convert.hpp"
+#include "decodegraph/attention.hpp"
+#include "decodegraph/error.hpp"
+#include "tensor.hpp"
+
+namespace dgpy {
+namespace {
+
+using dg::throw_invalid;
+
+// The spec a K cache of this rank and shape implies. num_q_heads 0: as many as KV heads (append);
+// head_size 0: the cache's own.
+dg::AttentionSpec spec_from_cache(const Tensor& k_cache, dg::DType dtype, int num_q_heads, int head_size) {
+  dg::AttentionSpec s;
+  s.dtype = dtype;
+  s.num_q_heads = num_q_heads;
+  if (k_cache.ndim() == 5) {  // [num_blocks, kv_heads, head_size/x, block_size, x]
+    s.layout = dg::KVLayout::kVLLM;
+    s.num_kv_heads = static_cast<int>(k_cache.shape[1]);
+    s.head_size = head_size > 0 ? head_size : static_cast<int>(k_cache.shape[2] * k_cache.shape[4]);
+    s.block_size = static_cast<int>(k_cache.shape[3]);
+  } else if (k_cache.ndim() == 4) {  // [num_blocks, block_size, kv_heads, head_size]
+    s.layout = dg::KVLayout::kNHD;
+    s.block_size = static_cast<int>(k_cache.shape[1]);
+    s.num_kv_heads = static_cast<int>(k_cache.shape[2]);
+    s.head_size = head_size > 0 ? head_size : static_cast<int>(k_cache.shape[3]);
+  } else {
+    throw_invalid(k_cache.name + ".shape", k_cache.shape_text(),
+                  "5 dimensions [num_blocks, kv_heads, head_size/x, block_size, x] (vllm layout) or 4 "
+                  "[num_blocks, block_size, kv_heads, head_size] (nhd layout)");
+  }
+  if (num_q_heads <= 0) s.num_q_heads = s.num_kv_heads;
+  return s;
+}
+
+// validate_spec on a spec read off the arrays: the message says which arrays it came from.
+void validate_inferred(const dg::AttentionSpec& s, const Tensor& a, const Tensor& b) {
+  try {
+    dg::validate_spec(s);
+  } catch (const dg::InvalidArgument& e) {
+    throw dg::InvalidArgument(std::string(e.what()) + " (read from the shapes of " + a.name + " " + a.shape_text() +
+                              " and " + b.name + " " + b.shape_text() + ")");
+  }
+}
+
+dg::DType dtype_of(const Tensor& t) {
+  switch (t.elem) {
+    case Elem::kFp16: return dg::DType::kFloat16;
+    case Elem::kBf16: return dg::DType::kBFloat16;
+    case Elem::kFp32: return dg::DType::kFloat32;
+    default: throw_invalid(t.name + ".dtype", t.dtype_text, "float16, bfloat16 or float32");
+  }
+}
+
+// Both caches: the spec's shape, its dtype, on the reference array's device, contiguous.
+void check_caches(const Tensor& k, const Tensor& v, const dg::AttentionSpec& s, const Tensor& ref) {
+  const std::string why = ", as " + ref.name;
+  for (const Tensor* t : {&k, &v}) {
+    require_elem(*t, elem_of(s.dtype), why);
+    require_same_where(*t, ref);
+    require_shape(*t, cache_shape(s, k.shape[0], t == &k), cache_shape_text(s, t == &k));
+    require_contiguous(*t);
+  }
+}
+
+void check_index(const Tensor& t, Elem elem, const std::vector<int64_t>& shape, const std::string& what,
+                 const Tensor& ref) {
+  require_elem(t, elem, "");
+  require_same_where(t, ref);
+  require_shape(t, shape, what);
+  require_contiguous(t);
+}
+
+// Everything one attention call needs, checked; the Tensors keep the arrays alive for the call.
+struct DecodeCall {
+  dg::DecodeArgs args;
+  Where where = Where::kHost;
+  Tensor out, q, k, v, tables, lens, alibi;
+};
+
+std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle k_cache, nb::handle v_cache,
+                                        nb::handle block_tables, nb::handle seq_lens, int max_seq_len,
+                                        float scale, nb::handle alibi_slopes) {
+  auto c = std::make_unique<DecodeCall>();
+  c->q = import_tensor(q, "q", false);
+  c->out = import_tensor(out, "out", true);
+  c->k = import_tensor(k_cache, "k_cache", false);
+  c->v = import_tensor(v_cache, "v_cache", false);
+  c->tables = import_tensor(block_tables, "block_tables", false);
+  c->lens = import_tensor(seq_lens, "seq_lens", false);
+
+  const dg::DType dtype = dtype_of(c->q);
+  if (c->q.ndim() != 3)
+    throw_invalid("q.shape", c->q.shape_text(), "[num_seqs, num_q_heads, head_size]");
+  // Heads and head size from q; KV heads, block size and layout from k_cache, whose shape is then
+  // checked against them (so a malformed cache is the argument named).
+  dg::AttentionSpec s = spec_from_cache(c->k, dtype, static_cast<int>(c->q.shape[1]),
+                                        static_cast<int>(c->q.shape[2]));
+  s.scale = scale;
+  validate_inferred(s, c->q, c->k);
+  c->where = c->q.where;
+  if (c->where == Where::kCuda) require_where(c->q, Where::kCuda, current_cuda_device(), " (the current device)");
+  check_caches(c->k, c->v, s, c->q);
+  const RowArray qr = require_rows(c->q, s.num_q_heads, s.head_size, "num_seqs");
+  const int64_t n = qr.rows;
+  require_elem(c->out, elem_of(dtype), ", as q");
+  require_same_where(c->out, c->q);
+  const RowArray orow = require_rows(c->out, s.num_q_heads, s.head_size, "num_seqs");
+  if (orow.rows != n) throw_invalid("out.shape[0]", orow.rows, "num_seqs = " + std::to_string(n) + " (q.shape[0])");
+  check_index(c->tables, Elem::kInt32, {n, -1}, "[num_seqs, max_blocks_per_seq] with num_seqs = " + std::to_string(n), c->q);
+  check_index(c->lens, Elem::kInt32, {n}, "[num_seqs] with num_seqs = " + std::to_string(n), c->q);
+
+  dg::DecodeArgs& a = c->args;
+  a.spec = s;
+  a.num_seqs = static_cast<int>(n);
+  a.block_table_stride = static_cast<int>(c->tables.shape[1]);
+  a.max_seq_len = max_seq_len > 0 ? max_seq_len : a.block_table_stride * s.block_size;
+  a.num_blocks = static_cast<int>(c->k.shape[0]);
+  a.q_stride = qr.row_stride;
+  a.out_stride = orow.row_stride;
+  a.q = c->q.data;
+  a.out = c->out.data;
+  a.k_cache = c->k.data;
+  a.v_cache = c->v.data;
+  a.block_tables = static_cast<const int32_t*>(c->tables.data);
+  a.seq_lens = static_cast<const int32_t*>(c->lens.data);
+  if (!alibi_slopes.is_none()) {
+    c->alibi = import_tensor(alibi_slopes, "alibi_slopes", false);
+    check_index(c->alibi, Elem::kFp32, {s.num_q_heads}, "[num_q_heads] = [" + std::to_string(s.num_q_heads) + "]", c->q);
+    a.alibi_slopes = static_cast<const float*>(c->alibi.data);
+  }
+  if (c->where == Where::kHost) {  // the host implementation checks every length and block id
+    a.host_seq_lens = a.seq_lens;
+    a.host_block_tables = a.block_tables;
+  }
+  return c;
+}
+
+nb::object paged_attention_v1(nb::handle out, nb::handle q, nb::handle k_cache, nb::handle v_cache,
+                              nb::handle block_tables, nb::handle seq_lens, int max_seq_len, float scale,
+                              nb::handle alibi_slopes, nb::handle stream) {
+  auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes);
+  const dg::Stream s = stream_from_py(stream);
+  {
+    nb::gil_scoped_release nogil;
+    if (c->where == Where::kHost) dg::host::paged_attention_v1(c->args);
+    else dg::paged_attention_v1(c->args, s);
+  }
+  return nb::borrow(out);
+}
+
+nb::object paged_attention_v2(nb::handle out, nb::handle q, nb::handle k_cache, nb::handle v_cache,
+                              nb::handle block_tables, nb::handle seq_lens, int partition_size,
+                              nb::handle workspace, int max_seq_len, float scale, nb::handle alibi_slopes,
+                              nb::handle stream) {
+  auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes);
+  const dg::DecodeArgs& a = c->args;
+  dg::validate_partition_size(a.spec, partition_size);
+  const std::size_t need = dg::v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, partition_size);
+  const dg::Stream s = stream_from_py(stream);
+  Tensor ws;
+  std::unique_ptr<void, decltype(&std::free)> own(nullptr, &std::free);
+  void* ws_ptr = nullptr;
+  std::size_t ws_bytes = need;
+  if (workspace.is_none()) {
+    if (c->where != Where::kHost)
+      throw_invalid("workspace", "None", "a uint8 CUDA array of at least " + std::to_string(need) +
+                                             " bytes (v2_workspace_size) for CUDA arrays");
+    own.reset(std::aligned_alloc(256, (need + 255) / 256 * 256));
+    if (!own) throw dg::OutOfMemory("paged_attention_v2: host workspace of " + std::to_string(need) + " bytes");
+    ws_ptr = own.get();
+  } else {
+    ws = import_tensor(workspace, "workspace", true);
+    require_elem(ws, Elem::kUInt8, "");
+    require_same_where(ws, c->q);
+    require_contiguous(ws);
+    if (ws.nbytes() < need)
+      throw_invalid("workspace.nbytes", ws.nbytes(), "at least v2_workspace_size(...) = " + std::to_string(need));
+    ws_ptr = ws.data;
+    ws_bytes = ws.nbytes();
+  }
+  {
+    nb::gil_scoped_release nogil;
+    if (c->where == Where::kHost) dg::host::paged_attention_v2(a, partition_size, ws_ptr, ws_bytes);
+    else dg::paged_attention_v2(a, partition_size, ws_ptr, ws_bytes, s);
+  }
+  return nb::borrow(out);
+}
+
+void append_kv(nb::handle key, nb::handle value, nb::handle k_cache, nb::handle v_cache, nb::handle slot_mapping,
+               nb::handle stream) {
+  Tensor kt = import_tensor(key, "key", false);
+  Tensor vt = import_tensor(value, "value", false);
+  Tensor kc = import_tensor(k_cache, "k_cache", true);
+  Tensor vc = import_tensor(v_cache, "v_cache", true);
+  Tensor sm = import_tensor(slot_mapping, "slot_mapping", false);
+  const dg::DType dtype = dtype_of(kc);
+  const dg::AttentionSpec s = spec_from_cache(kc, dtype, 0, 0);
+  validate_inferred(s, kt, kc);
+  if (kc.where == Where::kCuda) require_where(kc, Where::kCuda, current_cuda_device(), " (the current device)");
+  check_caches(kc, vc, s, kc);
+  for (Tensor* t : {&kt, &vt}) {
+    require_elem(*t, elem_of(dtype), ", as k_cache");
+    require_same_where(*t, kc);
+  }
+  const RowArray kr = require_rows(kt, s.num_kv_heads, s.head_size, "num_tokens");
+  const RowArray vr = require_rows(vt, s.num_kv_heads, s.head_size, "num_tokens");
+  if (vr.rows != kr.rows) throw_invalid("value.shape[0]", vr.rows, "num_tokens = " + std::to_string(kr.rows) + " (key.shape[0])");
+  check_index(sm, Elem::kInt64, {kr.rows}, "[num_tokens] with num_tokens = " + std::to_string(kr.rows), kc);
+
+  dg::AppendArgs a;
+  a.spec = s;
+  a.num_tokens = static_cast<int>(kr.rows);
+  a.num_blocks = static_cast<int>(kc.shape[0]);
+  a.key_stride = kr.row_stride;
+  a.value_stride = vr.row_stride;
+  a.key = kt.data;
+  a.value = vt.data;
+  a.k_cache = kc.data;
+  a.v_cache = vc.data;
+  a.slot_mapping = static_cast<const int64_t*>(sm.data);
+  if (kc.where == Where::kHost) a.host_slot_mapping = a.slot_mapping;
+  const dg::Stream st = stream_from_py(stream);
+  nb::gil_scoped_release nogil;
+  if (kc.where == Where::kHost) dg::host::append_kv(a);
+  else dg::append_kv(a, st);
+}
+
+}  // namespace
+
+void bind_eager(nb::module_& m) {
+  using namespace nb::literals;
+  // .none(): None reaches import_tensor, which names the argument, instead of nanobind's TypeError.
+  m.def("paged_attention_v1", &paged_attention_v1, "out"_a.none(), "q"_a.none(), "k_cache"_a.none(),
+        "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "max_seq_len"_a = 0,
+        "scale"_a = 0.0f, "alibi_slopes"_a.none() = nb::none(), "stream"_a.none() = nb::none());
+  m.def("paged_attention_v2", &paged_attention_v2, "out"_a.none(), "q"_a.none(), "k_cache"_a.none(),
+        "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "partition_size"_a,
+        "workspace"_a.none() = nb::none(), "max_seq_len"_a = 0, "scale"_a = 0.0f,
+        "alibi_slopes"_a.none() = nb::none(), "stream"_a.none() = nb::none());
+  m.def("append_kv", &append_kv, "key"_a.none(), "value"_a.none(), "k_cache"_a.none(), "v_cache"_a.none(),
+        "slot_mapping"_a.none(), nb::kw_only(), "stream"_a.none() = nb::none());
+  m.def(
+      "v2_workspace_size",
+      [](nb::handle spec, int num_seqs, int max_seq_len, int partition_size) {
+        return dg::v2_workspace_size(spec_from_py(spec), num_seqs, max_seq_len, partition_size);
+      },
+      "spec"_a, "num_seqs"_a, "max_seq_len"_a, "partition_size"_a);
+}
+
+}  // namespace dgpy

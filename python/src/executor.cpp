@@ -1,0 +1,457 @@
+// decodegraph._core.Executor and StepContext: the C++ Executor behind a Python object.
+//
+// Lifetimes (docs/python.md, "Keep-alive rules"):
+//  - The executor holds every array it was given (caches, q/out/new K/V) until it is destroyed or
+//    rebind_layers() replaces them: their addresses are fixed into the graphs.
+//  - A view (query(l), output(l), new_key(l), new_value(l), host_staging()) holds the executor: the
+//    memory it shows lives as long as the view.
+//  - The step body and the host callbacks it enqueued are held by the executor. They take part in
+//    Python's cycle collection (tp_traverse below), so a body that refers back to its executor is
+//    collected with it; views are not seen by the collector, so a callback should not hold one.
+// Threads: every call that runs library code releases the GIL and takes the executor's lock, so calls
+// from several threads are serialised, and a host callback (which takes the GIL back) cannot deadlock
+// against them. step(), rebind_layers(), capture_all() and check_errors() called from inside the
+// executor's own step body or host callback are refused.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "convert.hpp"
+#include "decodegraph/error.hpp"
+#include "decodegraph/executor.hpp"
+#include "tensor.hpp"
+
+namespace dgpy {
+namespace {
+
+using dg::throw_invalid;
+
+// A Python callable held by C++ (the step body, a host callback). C++ may drop it without the GIL
+// (a graph released inside step()), so the reference is released under the GIL.
+struct PyCallable {
+  nb::object fn;
+  explicit PyCallable(nb::object f) : fn(std::move(f)) {}
+  ~PyCallable() {
+    if (fn.is_valid()) {
+      nb::gil_scoped_acquire gil;
+      fn.reset();
+    }
+  }
+};
+
+// One layer's arrays, as given: the Tensors keep them alive, the objects are what query(l) & co.
+// return for caller-owned buffers.
+struct LayerKeep {
+  Tensor k_cache, v_cache;
+  std::optional<Tensor> q, out, new_key, new_value;
+  nb::object q_obj, out_obj, new_key_obj, new_value_obj;
+};
+
+class PyExecutor;
+
+class PyStepContext {
+ public:
+  PyStepContext(dg::StepContext* ctx, PyExecutor* owner) : ctx_(ctx), owner_(owner) {}
+  dg::StepContext& get() const {
+    if (!ctx_)
+      throw dg::Error("StepContext: used after the step body returned; it is valid only inside the body");
+    return *ctx_;
+  }
+  void invalidate() { ctx_ = nullptr; }
+  PyExecutor* owner() const { return owner_; }
+
+ private:
+  dg::StepContext* ctx_;
+  PyExecutor* owner_;
+};
+
+class PyExecutor {
+ public:
+  PyExecutor(nb::handle config, nb::handle body);
+  ~PyExecutor() {
+    // The executor's closures drop their Python callables under the GIL (PyCallable), which we hold.
+    ex_.reset();
+  }
+
+  nb::dict step(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping, nb::handle stream,
+                int max_seq_len);
+  void rebind_layers(nb::handle layers);
+  void check_errors() {
+    Busy b(*this, "check_errors");
+    nb::gil_scoped_release nogil;
+    ex_->check_errors();
+  }
+  void capture_all() {
+    Busy b(*this, "capture_all");
+    nb::gil_scoped_release nogil;
+    ex_->capture_all();
+  }
+
+  nb::object layer_view(int layer, int which);
+  nb::dict host_staging();
+
+  nb::list plans() {
+    auto lk = lock();
+    return to_py(ex_->plans());
+  }
+  nb::dict plan_for(int bucket, int band) {
+    auto lk = lock();
+    return to_py(ex_->plan_for(dg::BucketIndex(bucket), band));
+  }
+  nb::dict plan_for_batch(int batch, int band) {
+    auto lk = lock();
+    return to_py(ex_->plan_for_batch(batch, band));
+  }
+  std::string plan_table() {
+    auto lk = lock();
+    return ex_->plan_table();
+  }
+  nb::dict stats() {
+    auto lk = lock();
+    dg::ExecutorStats s;
+    {
+      nb::gil_scoped_release nogil;  // CUDA: waits for the last step
+      s = ex_->stats();
+    }
+    return to_py(s);
+  }
+  nb::dict memory() {
+    auto lk = lock();
+    return to_py(ex_->memory());
+  }
+  dg::BackendKind backend() const { return ex_->backend(); }
+  dg::BandSelect band_select() const { return ex_->band_select(); }
+  uintptr_t stream() const { return reinterpret_cast<uintptr_t>(ex_->stream()); }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+
+  // GC support: the Python callables this executor holds.
+  int traverse(visitproc visit, void* arg) {
+    if (body_ && body_->fn.is_valid()) Py_VISIT(body_->fn.ptr());
+    for (const auto& cb : callbacks_)
+      if (cb->fn.is_valid()) Py_VISIT(cb->fn.ptr());
+    return 0;
+  }
+  void clear() {
+    if (body_) body_->fn.reset();
+    for (const auto& cb : callbacks_) cb->fn.reset();
+  }
+
+  // StepContext::enqueue_host for a Python callable.
+  void enqueue_host(dg::StepContext& ctx, nb::object fn) {
+    auto cb = std::make_shared<PyCallable>(std::move(fn));
+    // Drop callbacks no graph holds any more (re-captured by rebind_layers, say).
+    std::erase_if(callbacks_, [](const std::shared_ptr<PyCallable>& c) { return c.use_count() == 1; });
+    callbacks_.push_back(cb);
+    ctx.enqueue_host([cb] {
+      nb::gil_scoped_acquire gil;
+      if (cb->fn.is_valid()) cb->fn();
+    });
+  }
+
+  const dg::AttentionSpec& spec() const { return spec_; }
+
+ private:
+  // Serialises calls; the GIL is released while waiting, so a host callback holding the lock can
+  // take the GIL back.
+  std::unique_lock<std::recursive_mutex> lock() {
+    std::unique_lock<std::recursive_mutex> lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock()) {
+      nb::gil_scoped_release nogil;
+      lk.lock();
+    }
+    return lk;
+  }
+  // A call that runs steps or captures: refused from inside this executor's own body or callbacks.
+  struct Busy {
+    PyExecutor& e;
+    std::unique_lock<std::recursive_mutex> lk;
+    Busy(PyExecutor& ex, const char* what) : e(ex), lk(ex.lock()) {
+      if (e.busy_) {
+        throw dg::Error(std::string(what) + "() called from inside this executor's step body or host callback "
+                        "(while it runs a step or a capture); call it after the step returns");
+      }
+      e.busy_ = true;
+    }
+    ~Busy() { e.busy_ = false; }
+  };
+
+  dg::StepBody make_body();
+  std::vector<dg::LayerBuffers> import_layers(nb::handle layers, std::vector<LayerKeep>& keep);
+
+  std::unique_ptr<dg::Executor> ex_;
+  dg::AttentionSpec spec_;
+  int max_batch_ = 0;
+  int num_blocks_ = 0;
+  Where where_ = Where::kHost;
+  int device_id_ = 0;
+  std::vector<LayerKeep> layers_;
+  std::shared_ptr<PyCallable> body_;
+  std::vector<std::shared_ptr<PyCallable>> callbacks_;
+  std::recursive_mutex mu_;
+  bool busy_ = false;
+};
+
+std::string backend_why(Where w) {
+  return w == Where::kHost ? " (the host backend)" : " (the CUDA backend)";
+}
+
+PyExecutor::PyExecutor(nb::handle config, nb::handle body) {
+  dg::ExecutorConfig cfg = config_from_py(config);
+  spec_ = cfg.spec;
+  dg::validate_spec(spec_);
+  max_batch_ = cfg.max_batch;
+  dg::BackendKind kind = cfg.backend;
+  if (kind == dg::BackendKind::kAuto)
+    kind = dg::cuda_device_available() ? dg::BackendKind::kCuda : dg::BackendKind::kHost;
+  if (kind == dg::BackendKind::kCuda) {
+    // The library's own check, made before the arrays are checked against the backend.
+    dg::require(dg::cuda_device_available(), "backend", "cuda",
+                DECODEGRAPH_HAS_CUDA ? "host or auto (no usable CUDA device is present)"
+                                     : "host or auto (this build has no CUDA)");
+    where_ = Where::kCuda;
+    device_id_ = current_cuda_device();
+  }
+  nb::object layers = config.attr("layers");
+  if (cfg.num_blocks == 0 && nb::len(layers) > 0) {
+    // num_blocks defaults to what the first layer's K cache holds.
+    Tensor k0 = import_tensor(layers[0].attr("k_cache"), "layers[0].k_cache", true);
+    if (k0.ndim() > 0) cfg.num_blocks = static_cast<int>(k0.shape[0]);
+  }
+  num_blocks_ = cfg.num_blocks;
+  std::vector<LayerKeep> keep;
+  cfg.layers = import_layers(layers, keep);
+  if (!body.is_none()) body_ = std::make_shared<PyCallable>(nb::borrow(body));
+  dg::StepBody step_body = body_ ? make_body() : dg::StepBody{};
+  {
+    nb::gil_scoped_release nogil;
+    ex_ = std::make_unique<dg::Executor>(std::move(cfg), std::move(step_body));
+  }
+  layers_ = std::move(keep);
+}
+
+dg::StepBody PyExecutor::make_body() {
+  std::shared_ptr<PyCallable> body = body_;
+  return [this, body](dg::StepContext& ctx) {
+    nb::gil_scoped_acquire gil;
+    if (!body->fn.is_valid()) return;
+    auto* py_ctx = new PyStepContext(&ctx, this);
+    nb::object obj = nb::cast(py_ctx, nb::rv_policy::take_ownership);
+    struct Invalidate {
+      PyStepContext* c;
+      ~Invalidate() { c->invalidate(); }
+    } guard{py_ctx};
+    body->fn(obj);
+  };
+}
+
+std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::vector<LayerKeep>& keep) {
+  const dg::AttentionSpec& s = spec_;
+  const std::string why = backend_why(where_);
+  const std::string dtype_why = " (spec.dtype)";
+  std::vector<dg::LayerBuffers> out;
+  const std::size_t n = nb::len(layers);
+  keep.resize(n);
+  for (std::size_t l = 0; l < n; ++l) {
+    nb::object layer = layers[l];
+    const std::string pre = "layers[" + std::to_string(l) + "].";
+    LayerKeep& k = keep[l];
+    dg::LayerBuffers lb;
+    k.k_cache = import_tensor(layer.attr("k_cache"), pre + "k_cache", true);
+    k.v_cache = import_tensor(layer.attr("v_cache"), pre + "v_cache", true);
+    for (Tensor* t : {&k.k_cache, &k.v_cache}) {
+      const bool key = t == &k.k_cache;
+      require_elem(*t, elem_of(s.dtype), dtype_why);
+      require_where(*t, where_, device_id_, why);
+      auto shape = cache_shape(s, -1, key);
+      require_shape(*t, shape, cache_shape_text(s, key));
+      require_contiguous(*t);
+      if (t->shape[0] < num_blocks_)
+        throw_invalid(t->name + ".shape[0]", t->shape[0], "at least num_blocks = " + std::to_string(num_blocks_));
+    }
+    lb.k_cache = k.k_cache.data;
+    lb.v_cache = k.v_cache.data;
+    lb.k_cache_bytes = k.k_cache.nbytes();
+    lb.v_cache_bytes = k.v_cache.nbytes();
+
+    // Optional row buffers: [rows >= max_batch, heads, head_size] (or 2-D), rows may be strided.
+    auto rows = [&](const char* field, bool writable, int heads, std::optional<Tensor>& slot, nb::object& obj,
+                    void*& ptr, int64_t& stride) {
+      nb::object o = layer.attr(field);
+      if (o.is_none()) return;
+      Tensor t = import_tensor(o, pre + field, writable);
+      require_elem(t, elem_of(s.dtype), dtype_why);
+      require_where(t, where_, device_id_, why);
+      const RowArray r = require_rows(t, heads, s.head_size, "max_batch");
+      if (r.rows < max_batch_)
+        throw_invalid(t.name + ".shape[0]", r.rows, "at least max_batch = " + std::to_string(max_batch_));
+      ptr = t.data;
+      stride = r.row_stride;
+      obj = o;
+      slot = std::move(t);
+    };
+    rows("q", false, s.num_q_heads, k.q, k.q_obj, lb.q, lb.q_stride);
+    rows("out", true, s.num_q_heads, k.out, k.out_obj, lb.out, lb.out_stride);
+    rows("new_key", false, s.num_kv_heads, k.new_key, k.new_key_obj, lb.new_key, lb.new_key_stride);
+    rows("new_value", false, s.num_kv_heads, k.new_value, k.new_value_obj, lb.new_value, lb.new_value_stride);
+    out.push_back(lb);
+  }
+  return out;
+}
+
+nb::dict PyExecutor::step(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping,
+                          nb::handle stream, int max_seq_len) {
+  Tensor lens = import_tensor(seq_lens, "seq_lens", false);
+  require_elem(lens, Elem::kInt32, "");
+  if (lens.ndim() != 1) throw_invalid("seq_lens.shape", lens.shape_text(), "[num_seqs]");
+  require_contiguous(lens);
+  const int64_t n = lens.shape[0];
+  const std::string rows_words = " with num_seqs = " + std::to_string(n) + " (seq_lens.shape[0])";
+  if (where_ == Where::kHost) require_where(lens, Where::kHost, 0, backend_why(where_));
+  else if (lens.where == Where::kCuda) require_where(lens, Where::kCuda, device_id_, backend_why(where_));
+  Tensor tables = import_tensor(block_tables, "block_tables", false);
+  require_elem(tables, Elem::kInt32, "");
+  require_same_where(tables, lens);
+  require_shape(tables, {n, -1}, "[num_seqs, block_table_stride]" + rows_words);
+  require_contiguous(tables);
+  std::optional<Tensor> slots;
+  if (!slot_mapping.is_none()) {
+    slots = import_tensor(slot_mapping, "slot_mapping", false);
+    require_elem(*slots, Elem::kInt64, "");
+    require_same_where(*slots, lens);
+    require_shape(*slots, {n}, "[num_seqs]" + rows_words);
+    require_contiguous(*slots);
+  }
+  dg::StepInputs in;
+  in.num_seqs = static_cast<int>(n);
+  in.seq_lens = static_cast<const int32_t*>(lens.data);
+  in.block_tables = static_cast<const int32_t*>(tables.data);
+  in.block_table_stride = static_cast<int>(tables.shape[1]);
+  in.slot_mapping = slots ? static_cast<const int64_t*>(slots->data) : nullptr;
+  in.space = lens.where == Where::kHost ? dg::MemorySpace::kHost : dg::MemorySpace::kDevice;
+  in.max_seq_len = max_seq_len;
+  bool stream_given = false;
+  const dg::Stream s = stream_from_py(stream, &stream_given);
+
+  Busy b(*this, "step");
+  dg::StepResult r;
+  {
+    nb::gil_scoped_release nogil;
+    r = stream_given ? ex_->step(in, s) : ex_->step(in);
+  }
+  return to_py(r);
+}
+
+void PyExecutor::rebind_layers(nb::handle layers) {
+  Busy b(*this, "rebind_layers");
+  std::vector<LayerKeep> keep;
+  std::vector<dg::LayerBuffers> lbs = import_layers(layers, keep);
+  {
+    nb::gil_scoped_release nogil;
+    ex_->rebind_layers(std::move(lbs));
+  }
+  layers_ = std::move(keep);  // the old arrays are released only once no graph uses them
+}
+
+// which: 0 q, 1 out, 2 new_key, 3 new_value.
+nb::object PyExecutor::layer_view(int layer, int which) {
+  auto lk = lock();
+  if (layer < 0 || layer >= num_layers())
+    throw_invalid("layer", layer, "0 .. num_layers - 1 = 0 .. " + std::to_string(num_layers() - 1));
+  const LayerKeep& k = layers_[layer];
+  const nb::object* given[] = {&k.q_obj, &k.out_obj, &k.new_key_obj, &k.new_value_obj};
+  if (given[which]->is_valid()) return *given[which];  // a caller buffer: the caller's own array
+  void* ptr = which == 0 ? ex_->query(layer) : which == 1 ? ex_->output(layer)
+            : which == 2 ? ex_->new_key(layer) : ex_->new_value(layer);
+  const std::size_t heads = which < 2 ? spec_.num_q_heads : spec_.num_kv_heads;
+  return export_view(ptr, {static_cast<std::size_t>(max_batch_), heads, static_cast<std::size_t>(spec_.head_size)},
+                     elem_of(spec_.dtype), where_, device_id_, nb::find(*this));
+}
+
+nb::dict PyExecutor::host_staging() {
+  auto lk = lock();
+  dg::HostStaging hs;
+  {
+    nb::gil_scoped_release nogil;  // CUDA: waits for the previous step's copies
+    hs = ex_->host_staging();
+  }
+  nb::object self = nb::find(*this);
+  const auto rows = static_cast<std::size_t>(hs.seq_lens.size());
+  const auto stride = static_cast<std::size_t>(hs.block_table_stride);
+  nb::dict d;
+  d["seq_lens"] = export_view(hs.seq_lens.data(), {rows}, Elem::kInt32, Where::kHost, 0, self);
+  d["block_tables"] = export_view(hs.block_tables.data(), {rows, stride}, Elem::kInt32, Where::kHost, 0, self);
+  d["slot_mapping"] = export_view(hs.slot_mapping.data(), {rows}, Elem::kInt64, Where::kHost, 0, self);
+  d["block_table_stride"] = hs.block_table_stride;
+  return d;
+}
+
+int executor_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<PyExecutor>(self)->traverse(visit, arg);
+}
+
+int executor_clear(PyObject* self) {
+  if (nb::inst_ready(self)) nb::inst_ptr<PyExecutor>(self)->clear();
+  return 0;
+}
+
+PyType_Slot executor_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(executor_traverse)},
+                                {Py_tp_clear, reinterpret_cast<void*>(executor_clear)},
+                                {0, nullptr}};
+
+}  // namespace
+
+void bind_executor(nb::module_& m) {
+  using namespace nb::literals;
+  nb::class_<PyExecutor>(m, "Executor", nb::type_slots(executor_slots), nb::is_weak_referenceable())
+      .def(nb::init<nb::handle, nb::handle>(), "config"_a, "step_body"_a.none() = nb::none())
+      .def("step", &PyExecutor::step, "seq_lens"_a.none(), "block_tables"_a.none(),
+           "slot_mapping"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(), "max_seq_len"_a = 0)
+      .def("rebind_layers", &PyExecutor::rebind_layers, "layers"_a)
+      .def("check_errors", &PyExecutor::check_errors)
+      .def("capture_all", &PyExecutor::capture_all)
+      .def("query", [](PyExecutor& e, int l) { return e.layer_view(l, 0); }, "layer"_a)
+      .def("output", [](PyExecutor& e, int l) { return e.layer_view(l, 1); }, "layer"_a)
+      .def("new_key", [](PyExecutor& e, int l) { return e.layer_view(l, 2); }, "layer"_a)
+      .def("new_value", [](PyExecutor& e, int l) { return e.layer_view(l, 3); }, "layer"_a)
+      .def("host_staging", &PyExecutor::host_staging)
+      .def("plans", &PyExecutor::plans)
+      .def("plan_for", &PyExecutor::plan_for, "bucket"_a, "band"_a)
+      .def("plan_for_batch", &PyExecutor::plan_for_batch, "batch_size"_a, "band"_a)
+      .def("plan_table", &PyExecutor::plan_table)
+      .def("stats", &PyExecutor::stats)
+      .def("memory", &PyExecutor::memory)
+      .def_prop_ro("backend", &PyExecutor::backend)
+      .def_prop_ro("band_select", &PyExecutor::band_select)
+      .def_prop_ro("stream", &PyExecutor::stream)
+      .def_prop_ro("num_layers", &PyExecutor::num_layers);
+
+  nb::class_<PyStepContext>(m, "StepContext")
+      .def_prop_ro("stream", [](const PyStepContext& c) { return reinterpret_cast<uintptr_t>(c.get().stream()); })
+      .def_prop_ro("backend", [](const PyStepContext& c) { return c.get().backend(); })
+      .def_prop_ro("plan", [](const PyStepContext& c) { return to_py(c.get().plan()); })
+      .def("append_kv", [](const PyStepContext& c, int layer) {
+             dg::StepContext& ctx = c.get();
+             nb::gil_scoped_release nogil;
+             ctx.append_kv(layer);
+           }, "layer"_a)
+      .def("attention", [](const PyStepContext& c, int layer) {
+             dg::StepContext& ctx = c.get();
+             nb::gil_scoped_release nogil;
+             ctx.attention(layer);
+           }, "layer"_a)
+      .def("enqueue_host", [](const PyStepContext& c, nb::object fn) {
+             if (!PyCallable_Check(fn.ptr()))
+               throw_invalid("fn", std::string("an object of type ") + Py_TYPE(fn.ptr())->tp_name, "a callable");
+             c.owner()->enqueue_host(c.get(), std::move(fn));
+           }, "fn"_a);
+}
+
+}  // namespace dgpy

@@ -1,0 +1,102 @@
+"""float64 reference for the Python tests, in plain numpy, written from the layouts documented in
+include/decodegraph/types.hpp and attention.hpp only. It shares nothing with the library (not even the
+C++ reference): the yardstick the binding's results are held against.
+
+Layouts (x = 16 bytes / element size):
+    vllm  K [num_blocks, kv_heads, head_size / x, block_size, x]   V [num_blocks, kv_heads, head_size, block_size]
+    nhd   K and V [num_blocks, block_size, kv_heads, head_size]
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+# |out - ref| <= atol + rtol * |ref|, per dtype of q/cache/out. The output is rounded to the dtype
+# once (half an ulp: fp16 4.9e-4, bf16 3.9e-3 relative) after fp32 accumulation; fp32 carries the
+# accumulation error of sums over up to ~8K tokens.
+TOLERANCE = {
+    "fp32": (5e-6, 2.5e-5),
+    "fp16": (1e-3, 2e-3),
+    "bf16": (8e-3, 1.6e-2),
+}
+
+
+def x_of(dtype_name: str) -> int:
+    return 16 // (4 if dtype_name == "fp32" else 2)
+
+
+def gather_kv(k_cache: np.ndarray, v_cache: np.ndarray, layout: str, table: np.ndarray, length: int,
+              block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """K and V of one sequence's first ``length`` tokens as float64 [length, kv_heads, head_size]."""
+    nblk = -(-length // block_size)
+    ids = np.asarray(table[:nblk], dtype=np.int64)
+    if layout == "vllm":
+        kb = k_cache[ids].astype(np.float64)           # [nblk, H, D/x, bs, x]
+        nb_, h, dx, bs, x = kb.shape
+        k = kb.transpose(0, 3, 1, 2, 4).reshape(nb_ * bs, h, dx * x)  # d = (d / x) * x + d % x
+        vb = v_cache[ids].astype(np.float64)           # [nblk, H, D, bs]
+        v = vb.transpose(0, 3, 1, 2).reshape(nb_ * bs, h, vb.shape[2])
+    else:
+        kb = k_cache[ids].astype(np.float64)           # [nblk, bs, H, D]
+        k = kb.reshape(-1, kb.shape[2], kb.shape[3])
+        v = v_cache[ids].astype(np.float64).reshape(-1, kb.shape[2], kb.shape[3])
+    return k[:length], v[:length]
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+              seq_lens: np.ndarray, layout: str, block_size: int, scale: float = 0.0,
+              alibi: Optional[np.ndarray] = None) -> np.ndarray:
+    """out [num_seqs, num_q_heads, head_size] float64: softmax(scale q.k + alibi) v per sequence and
+    head; rows with length 0 are NaN (the library leaves them untouched)."""
+    n, hq, d = q.shape
+    out = np.full((n, hq, d), np.nan)
+    scale = scale if scale > 0 else 1.0 / np.sqrt(d)
+    for i in range(n):
+        length = int(seq_lens[i])
+        if length == 0:
+            continue
+        k, v = gather_kv(k_cache, v_cache, layout, block_tables[i], length, block_size)
+        hkv = k.shape[1]
+        group = hq // hkv
+        for h in range(hq):
+            s = scale * (k[:, h // group, :] @ q[i, h].astype(np.float64))
+            if alibi is not None:
+                s = s + float(alibi[h]) * (np.arange(length) - length + 1)
+            p = np.exp(s - s.max())
+            out[i, h] = (p / p.sum()) @ v[:, h // group, :]
+    return out
+
+
+def append(k_cache: np.ndarray, v_cache: np.ndarray, layout: str, key: np.ndarray, value: np.ndarray,
+           slots: np.ndarray, block_size: int) -> None:
+    """Writes each token's key/value [tokens, kv_heads, head_size] at its slot, in place; negative skips."""
+    for t, slot in enumerate(np.asarray(slots, dtype=np.int64)):
+        if slot < 0:
+            continue
+        blk, off = divmod(int(slot), block_size)
+        if layout == "vllm":
+            h, dx, _, x = k_cache.shape[1:]
+            k_cache[blk, :, :, off, :] = key[t].reshape(h, dx, x)
+            v_cache[blk, :, :, off] = value[t]
+        else:
+            k_cache[blk, off] = key[t]
+            v_cache[blk, off] = value[t]
+
+
+def check_close(out: np.ndarray, ref: np.ndarray, dtype_name: str, what: str = "out") -> None:
+    """Asserts |out - ref| <= atol + rtol |ref| on every element where ref is not NaN; on failure says
+    how many, the worst, the first few indices, and any NaN in out."""
+    atol, rtol = TOLERANCE[dtype_name]
+    got = np.asarray(out).astype(np.float64)
+    mask = ~np.isnan(ref)
+    err = np.abs(got - ref)
+    allowed = atol + rtol * np.abs(ref)
+    bad = mask & ~(err <= allowed)  # NaN in got counts as bad
+    if bad.any():
+        idx = np.argwhere(bad)[:5].tolist()
+        worst = np.nanmax(np.where(mask, err, 0))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {int(mask.sum())} elements out of tolerance (atol {atol}, "
+            f"rtol {rtol}); max error {worst:.3g}; first at {idx}; NaN in output: {bool(np.isnan(got[mask]).any())}")
