@@ -4,6 +4,8 @@
 # short summary table is printed last (and written to OUT_DIR/summary.md).
 # Sized to finish within 8 minutes on one H200 with 16 cores; each stage has a timeout and the whole
 # run a deadline, so a slow stage is cut (reported as TIMEOUT) rather than overrunning.
+# Exit status 1, with a FAILED line above the table, when SWITCH graphs are not in use although
+# driver and runtime have them (a silent kDevice -> kHost fallback would otherwise pass as green).
 #
 #   usage: bench/gpu_check.sh OUT_DIR
 #   env:   CMAKE_PREFIX_PATH   prefix of offline deps (scripts/fetch-gpu-deps.sh), passed to CMake
@@ -19,7 +21,7 @@
 set -uo pipefail
 
 if [[ $# -ne 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,18p' "$0"
+  sed -n '2,20p' "$0"
   exit 2
 fi
 mkdir -p "$1" || exit 2
@@ -33,6 +35,7 @@ start=$SECONDS
 # Stage bookkeeping: one row per stage for the summary.
 declare -a rows=()
 note() { rows+=("$1|$2|$3|$4"); }  # stage, status, seconds, detail
+declare -a loud=()  # failures that make the whole run fail (exit 1), named above the table
 
 remaining() { echo $((deadline - (SECONDS - start))); }
 
@@ -122,10 +125,34 @@ if ((built)); then
     note gpu-tests-skipped WARN 0 "$skipped GPU tests skipped: is the device visible to CUDA? see gpu_tests.log"
   fi
 
+  # The review's checks (issue 20) in one process, their output kept: SWITCH graphs in use where
+  # driver and runtime have them (a probe that fell back makes every SWITCH test skip, and the run
+  # must not pass then), and the driver's answers to issue 22's questions ("[driver]" lines: VMM and
+  # pool address ranges, cudaGraphExecUpdate on a new conditional handle).
+  exec_bin=$(bin dg_executor_tests tests/executor)
+  if [[ -n $exec_bin ]]; then
+    run_stage switch-and-driver "$out/switch_and_driver.log" 60 "$exec_bin" \
+      --gtest_filter='ExecutorGpu.SwitchGraphsAreInUseWhereTheDriverHasThem:ExecutorGpu.CacheInAVmmRangeOfSeveralMappingsIsAccepted:ExecutorGpu.CacheFromAMemoryPoolIsAccepted:ExecutorGpu.WhatGraphExecUpdateDoesWithANewConditionalHandle'
+    band=$(grep -m1 '^\[driver\] driver .*band_select' "$out/switch_and_driver.log" | sed 's/^\[driver\] //')
+    if grep -q 'SILENT kDevice FALLBACK' "$out/switch_and_driver.log"; then
+      note switch-in-use FAIL 0 "SILENT kDevice FALLBACK: ${band:-see switch_and_driver.log}"
+      loud+=("SWITCH graphs not in use although driver and runtime have them: ${band:-see switch_and_driver.log}")
+    elif grep -q 'FAILED  \] ExecutorGpu.SwitchGraphsAreInUseWhereTheDriverHasThem' "$out/switch_and_driver.log"; then
+      note switch-in-use FAIL 0 "kDevice in effect, but its graph's output or band counts are wrong: see switch_and_driver.log"
+      loud+=("the SWITCH graph check failed: see switch_and_driver.log")
+    elif grep -q 'OK \] ExecutorGpu.SwitchGraphsAreInUseWhereTheDriverHasThem' "$out/switch_and_driver.log"; then
+      note switch-in-use PASS 0 "${band}"
+    else
+      note switch-in-use SKIP 0 "${band:-the check did not run: see switch_and_driver.log}"
+    fi
+  else
+    note switch-in-use FAIL 0 "dg_executor_tests not found"
+    loud+=("dg_executor_tests not found: whether SWITCH graphs are in use is unknown")
+  fi
+
   # compute-sanitizer on small subsets (where the tool exists)
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   kern_bin=$(bin dg_gpu_kernel_tests tests/gpu)
-  exec_bin=$(bin dg_executor_tests tests/executor)
   filter=${SANITIZE_FILTER:-GpuKernels.IrregularLengths:GpuKernels.OddBatchesWithPaddedRows:GpuKernels.AppendKvMatchesHostAppend}
   # racecheck and synccheck instrument every shared-memory access and barrier: lighter cases only.
   light_filter=${SANITIZE_LIGHT_FILTER:-GpuKernels.OddBatchesWithPaddedRows:GpuKernels.ManyPartitions:GpuKernels.AppendKvMatchesHostAppend}
@@ -202,7 +229,7 @@ if ((built)); then
   # ---------------------------------------------------------------- the other sanitizer tools
   if ((have_sanitizer)); then
     # The executor's graph path (capture, staging, replay of V1 and V2 graphs) under memcheck.
-    [[ -n $exec_bin ]] && sanitize memcheck memcheck-executor 45 "$exec_bin" 'ExecutorGpu.*'
+    [[ -n $exec_bin ]] && sanitize memcheck memcheck-executor 45 "$exec_bin" 'ExecutorGpu.*:-ExecutorGpu.WhatGraphExecUpdate*'
     sanitize racecheck racecheck 45 "$kern_bin" "$light_filter"
     sanitize initcheck initcheck 45 "$kern_bin" "$filter"
     sanitize synccheck synccheck 45 "$kern_bin" "$light_filter"
@@ -280,6 +307,13 @@ for f in sorted(glob.glob(os.path.join(out, "sanitizer_*.log"))):
     t = open(f, errors="replace").read()
     m = re.findall(r"ERROR SUMMARY: (\d+) error", t)
     print("compute-sanitizer %-20s %s" % (os.path.basename(f)[10:-4] + ":", (m[-1] + " errors") if m else "no summary (see log)"))
+f = os.path.join(out, "switch_and_driver.log")
+if os.path.exists(f):
+    answers = [l[len("[driver] "):].rstrip() for l in open(f, errors="replace") if l.startswith("[driver] ")]
+    if answers:
+        print("\ndriver answers (issue 22):")
+        for a in answers:
+            print("  " + a)
 for b in (1, 8, 64):
     f = os.path.join(out, "decode_loop_b%d.json" % b)
     if not os.path.exists(f):
@@ -308,6 +342,10 @@ fi
 {
   echo "# gpu_check: ${gpu_name:-unknown GPU} (sm_$arch), $(date -u +%Y-%m-%d)"
   echo
+  for l in "${loud[@]}"; do
+    echo "**FAILED: $l**"
+    echo
+  done
   echo "command: bench/gpu_check.sh $1   (total $((SECONDS - start)) s)"
   echo
   echo "| stage | status | seconds | log |"
@@ -330,3 +368,4 @@ fi
   fi
 } >"$out/summary.md"
 cat "$out/summary.md"
+((${#loud[@]} == 0)) || exit 1

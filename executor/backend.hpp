@@ -36,10 +36,16 @@ class CapturedGraph {
 };
 
 /// What the backend knows about the memory behind a pointer.
+///   kUnknown             nothing (the host backend; memory the driver cannot place)
+///   kDevice              device memory that ends bytes_from_ptr after the pointer: a cudaMalloc
+///                        allocation's end, or the first unmapped byte of a VMM range or pool
+///   kDeviceSizeUnknown   device memory whose end the backend cannot bound (a VMM range or a memory
+///                        pool mapped on past what it walks): at least bytes_from_ptr, not checked
+///   kHostOnly            host memory the device cannot read
 struct AddressRange {
-  enum Kind { kUnknown, kDevice, kHostOnly };
+  enum Kind { kUnknown, kDevice, kHostOnly, kDeviceSizeUnknown };
   Kind kind = kUnknown;
-  std::size_t bytes_from_ptr = 0;  // kDevice: from the pointer to the end of its allocation
+  std::size_t bytes_from_ptr = 0;
 };
 
 class Backend {

@@ -12,34 +12,50 @@ namespace {
 
 [[noreturn]] void injected(const char* call, fault::Site site) { fault::throw_injected(site, call); }
 
-const char* instantiate_result_text(cudaGraphInstantiateResult r) {
-  switch (r) {
-    case cudaGraphInstantiateSuccess: return "success";
-    case cudaGraphInstantiateError: return "instantiation error";
-    case cudaGraphInstantiateInvalidStructure: return "invalid graph structure";
-    case cudaGraphInstantiateNodeOperationNotSupported: return "a node operation is not supported";
-    case cudaGraphInstantiateMultipleDevicesNotSupported: return "multiple devices are not supported";
-    default: return "unknown result";
-  }
-}
-
-const char* node_type_text(cudaGraphNodeType t) {
-  switch (t) {
-    case cudaGraphNodeTypeKernel: return "kernel";
-    case cudaGraphNodeTypeMemcpy: return "memcpy";
-    case cudaGraphNodeTypeMemset: return "memset";
-    case cudaGraphNodeTypeHost: return "host";
-    case cudaGraphNodeTypeGraph: return "child graph";
-    case cudaGraphNodeTypeEmpty: return "empty";
-    case cudaGraphNodeTypeWaitEvent: return "event wait";
-    case cudaGraphNodeTypeEventRecord: return "event record";
-    case cudaGraphNodeTypeMemAlloc: return "memory allocation";
-    case cudaGraphNodeTypeMemFree: return "memory free";
-    default: return "other";
-  }
-}
-
 }  // namespace
+
+// Every value of the CUDA 13.0 headers, by its enumerator name and what it means; a newer value
+// reads as its number.
+std::string instantiate_result_text(cudaGraphInstantiateResult r) {
+  switch (r) {
+    case cudaGraphInstantiateSuccess: return "cudaGraphInstantiateSuccess";
+    case cudaGraphInstantiateError: return "cudaGraphInstantiateError (an unexpected failure)";
+    case cudaGraphInstantiateInvalidStructure: return "cudaGraphInstantiateInvalidStructure (e.g. a cycle)";
+    case cudaGraphInstantiateNodeOperationNotSupported:
+      return "cudaGraphInstantiateNodeOperationNotSupported (a node's operation is not supported)";
+    case cudaGraphInstantiateMultipleDevicesNotSupported:
+      return "cudaGraphInstantiateMultipleDevicesNotSupported (nodes of several contexts)";
+    case cudaGraphInstantiateConditionalHandleUnused:
+      return "cudaGraphInstantiateConditionalHandleUnused (a conditional handle no conditional node uses)";
+  }
+  return "result " + std::to_string(static_cast<int>(r)) + " (unknown to this build)";
+}
+
+std::string node_type_text(cudaGraphNodeType t) {
+  const char* what = nullptr;
+  const char* name = nullptr;
+  switch (t) {
+    case cudaGraphNodeTypeKernel: what = "kernel", name = "cudaGraphNodeTypeKernel"; break;
+    case cudaGraphNodeTypeMemcpy: what = "memcpy", name = "cudaGraphNodeTypeMemcpy"; break;
+    case cudaGraphNodeTypeMemset: what = "memset", name = "cudaGraphNodeTypeMemset"; break;
+    case cudaGraphNodeTypeHost: what = "host", name = "cudaGraphNodeTypeHost"; break;
+    case cudaGraphNodeTypeGraph: what = "child graph", name = "cudaGraphNodeTypeGraph"; break;
+    case cudaGraphNodeTypeEmpty: what = "empty", name = "cudaGraphNodeTypeEmpty"; break;
+    case cudaGraphNodeTypeWaitEvent: what = "event wait", name = "cudaGraphNodeTypeWaitEvent"; break;
+    case cudaGraphNodeTypeEventRecord: what = "event record", name = "cudaGraphNodeTypeEventRecord"; break;
+    case cudaGraphNodeTypeExtSemaphoreSignal:
+      what = "external semaphore signal", name = "cudaGraphNodeTypeExtSemaphoreSignal";
+      break;
+    case cudaGraphNodeTypeExtSemaphoreWait:
+      what = "external semaphore wait", name = "cudaGraphNodeTypeExtSemaphoreWait";
+      break;
+    case cudaGraphNodeTypeMemAlloc: what = "memory allocation", name = "cudaGraphNodeTypeMemAlloc"; break;
+    case cudaGraphNodeTypeMemFree: what = "memory free", name = "cudaGraphNodeTypeMemFree"; break;
+    case cudaGraphNodeTypeConditional: what = "conditional", name = "cudaGraphNodeTypeConditional"; break;
+    default: return "node of unknown type " + std::to_string(static_cast<int>(t));
+  }
+  return std::string(what) + " node (" + name + " = " + std::to_string(static_cast<int>(t)) + ")";
+}
 
 int Graph::nodes() const {
   if (!g_) return 0;
@@ -65,13 +81,13 @@ GraphExec GraphExec::instantiate(const Graph& graph) {
     std::string node = "none reported";
     if (params.errNode_out) {
       cudaGraphNodeType type;
-      if (cudaGraphNodeGetType(params.errNode_out, &type) == cudaSuccess)
-        node = std::string(node_type_text(type)) + " node (type " + std::to_string(static_cast<int>(type)) + ")";
+      if (cudaGraphNodeGetType(params.errNode_out, &type) == cudaSuccess) node = node_type_text(type);
+      (void)cudaGetLastError();
     }
     e.reset();
     // result_out stays at its zero value (success) when the driver rejects the call before filling it.
-    const char* result = params.result_out == cudaGraphInstantiateSuccess ? "not reported"
-                                                                          : instantiate_result_text(params.result_out);
+    const std::string result =
+        params.result_out == cudaGraphInstantiateSuccess ? "not reported" : instantiate_result_text(params.result_out);
     const std::string msg = std::string("cudaGraphInstantiate failed: ") + cudaGetErrorName(err) + " (" +
                             cudaGetErrorString(err) + "), result: " + result + ", offending node: " + node;
     if (err == cudaErrorMemoryAllocation) throw OutOfMemory(msg);

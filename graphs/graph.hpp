@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <string>
 #include <utility>
 
 namespace decodegraph::graphs {
@@ -88,6 +89,11 @@ class CaptureScope {
   cudaStream_t stream_;
   bool active_ = false;
 };
+
+/// What instantiation's error text says of a cudaGraphInstantiateResult and of the offending node's
+/// type: the enumerator's name and its meaning (a value newer than this build: its number).
+std::string instantiate_result_text(cudaGraphInstantiateResult r);
+std::string node_type_text(cudaGraphNodeType t);
 
 /// Device memory a graph holds: an estimate. cudaDeviceGetGraphMemAttribute reports only memory of
 /// graph allocation nodes, which our graphs never contain (all buffers are allocated up front), and

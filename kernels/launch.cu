@@ -4,7 +4,10 @@
 //
 // Capturable: no allocation, no synchronisation, no host read of device data and no function
 // attribute setting (static shared memory stays under 48 KB). Every launch goes through the fault
-// seam and is checked with cudaGetLastError (inside the kernels:: launch functions).
+// seam and is checked with cudaGetLastError (inside the kernels:: launch functions); each entry
+// point first clears an error earlier work left pending (DG_CUDA_TAKE_PENDING), so that check
+// reports our launches only. Such a leftover is the caller's: the eager API drops it, the CUDA
+// backend logs it before calling in.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -98,6 +101,7 @@ DecodeParams decode_params(const DecodeArgs& a) {
 
 void paged_attention_v1(const DecodeArgs& args, Stream stream) {
   validate_decode_args(args);
+  (void)DG_CUDA_TAKE_PENDING("paged_attention_v1");
   DecodeParams p = decode_params(args);
   p.partition_size = args.max_seq_len;  // one partition spans every (clamped) length
   p.max_partitions = 1;
@@ -108,6 +112,7 @@ void paged_attention_v1(const DecodeArgs& args, Stream stream) {
 void paged_attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
                         std::size_t workspace_bytes, Stream stream) {
   const V2WorkspaceLayout ws = detail::validate_v2_args(args, partition_size, workspace, workspace_bytes);
+  (void)DG_CUDA_TAKE_PENDING("paged_attention_v2");  // pass 1's launch check clears for the merge
 
   char* base = static_cast<char*>(workspace);
   DecodeParams p = decode_params(args);
@@ -138,6 +143,7 @@ void paged_attention_v2(const DecodeArgs& args, int partition_size, void* worksp
 
 void append_kv(const AppendArgs& args, Stream stream) {
   validate_append_args(args);
+  (void)DG_CUDA_TAKE_PENDING("append_kv");
   kernels::AppendParams p;
   p.key = args.key;
   p.value = args.value;

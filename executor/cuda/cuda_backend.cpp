@@ -18,6 +18,15 @@
 // When the capture ends, the handles are written into the band-select node's parameters, so one
 // kernel sets every SWITCH node of the graph. One handle per node: the API documents a handle as
 // belonging to one conditional node, so sharing one is not relied upon.
+//
+// rebind_layers re-captures a SWITCH graph and re-instantiates it (update() below), never
+// cudaGraphExecUpdate: the re-capture creates new conditional handles, and the documentation does not
+// say whether an update rebinds a conditional node to a new handle. If it kept the old binding, the
+// new band-select node would set handles no node reads, and every band would run a stale branch.
+//
+// Launch checks: an error that earlier CUDA work on this thread left pending is taken before each
+// of our launches and logged as not ours (clear_leftover), so it is neither blamed on a launch nor
+// cached as the SWITCH probe's answer (kernels/cuda_check.hpp).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -28,6 +37,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 #include "decodegraph/error.hpp"
 #include "decodegraph/fault.hpp"
@@ -44,10 +55,20 @@ namespace {
 
 class CudaCaptured final : public CapturedGraph {
  public:
-  CudaCaptured(graphs::Graph g, int branch) : graph(std::move(g)), branch_nodes(branch) {}
+  CudaCaptured(graphs::Graph g, int branch, bool conditional)
+      : graph(std::move(g)), branch_nodes(branch), has_switch(conditional) {}
   graphs::Graph graph;
   int branch_nodes = 0;  // nodes inside SWITCH bodies (cudaGraphGetNodes counts the top level only)
+  bool has_switch = false;  // holds SWITCH nodes: rebinding re-instantiates it (file comment)
 };
+
+// Logs an error earlier CUDA work on this thread left pending, found (and cleared) before `before`.
+void log_leftover(cudaError_t err, const char* before) {
+  if (auto log = spdlog::get("decodegraph"))
+    log->warn("a CUDA error that earlier work on this thread left pending, {} ({}), was found before {}; it is "
+              "not decodegraph's (check your own launches), and was cleared",
+              cudaGetErrorName(err), cudaGetErrorString(err), before);
+}
 
 // Nodes of a (body) graph; 0 if the driver cannot say.
 int count_nodes(cudaGraph_t g) {
@@ -66,9 +87,14 @@ class CudaGraph final : public BackendGraph {
   int nodes() const override { return nodes_; }
   std::size_t bytes() const override { return graphs::estimate_graph_bytes(nodes_); }
   void launch(cudaStream_t s) const { exec_.launch(s); }
-  /// True when updated in place; on a failed re-instantiation exec_ keeps the old graph.
-  bool update(graphs::Graph g, int branch_nodes) {
-    const bool in_place = exec_.update(g);
+  /// True when updated in place; `reinstantiate` skips the in-place attempt. On a failed
+  /// re-instantiation exec_ keeps the old graph.
+  bool update(graphs::Graph g, int branch_nodes, bool reinstantiate) {
+    bool in_place = false;
+    if (reinstantiate)
+      exec_ = graphs::GraphExec::instantiate(g);
+    else
+      in_place = exec_.update(g);
     nodes_ = g.nodes() + branch_nodes;
     graph_ = std::move(g);
     return in_place;
@@ -96,7 +122,7 @@ class CudaBackend final : public Backend {
       destroy();
       DG_CUDA_CHECK(err);
     }
-    load_address_range();
+    load_driver_entry_points();
   }
   ~CudaBackend() override {
     scope_.reset();
@@ -205,6 +231,12 @@ class CudaBackend final : public Backend {
   void wait_staging_reusable() override { DG_CUDA_CHECK(cudaEventSynchronize(staged_)); }
   void staging_done() override { DG_CUDA_CHECK(cudaEventRecord(staged_, cur_)); }
 
+  // A cudaMalloc allocation is one range and cuMemGetAddressRange gives its exact end. VMM memory
+  // (cuMemCreate + cuMemMap: PyTorch's expandable segments) and memory-pool allocations
+  // (cudaMallocAsync) may span several mappings, of which the driver reports only the one holding
+  // the pointer; so for them the mappings are walked, each adjacent to the last, up to the first
+  // unmapped byte (reading past it faults), for at most kMaxMappingsWalked mappings: past that the
+  // end is left unknown and nothing is rejected. A caller's k_cache_bytes is checked either way.
   AddressRange address_range(const void* p) const override {
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
@@ -212,13 +244,20 @@ class CudaBackend final : public Backend {
       return {};
     }
     if (attr.type == cudaMemoryTypeUnregistered) return {AddressRange::kHostOnly, 0};
-    if (!get_range_) return {};
+    if (!drv_.get_range) return {};
     CUdeviceptr base = 0;
     std::size_t size = 0;
     const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(p);
     // Pointers the driver cannot place (host memory of another kind, say): nothing to check.
-    if (get_range_(&base, &size, ptr) != CUDA_SUCCESS || ptr < base || ptr - base > size) return {};
-    return {AddressRange::kDevice, static_cast<std::size_t>(base + size - ptr)};
+    if (drv_.get_range(&base, &size, ptr) != CUDA_SUCCESS || ptr < base || ptr - base > size) return {};
+    CUdeviceptr end = base + size;
+    if (!mapped_in_segments(p)) return {AddressRange::kDevice, static_cast<std::size_t>(end - ptr)};
+    for (int i = 0; i < kMaxMappingsWalked; ++i) {
+      if (drv_.get_range(&base, &size, end) != CUDA_SUCCESS || base != end || size == 0)
+        return {AddressRange::kDevice, static_cast<std::size_t>(end - ptr)};
+      end = base + size;
+    }
+    return {AddressRange::kDeviceSizeUnknown, static_cast<std::size_t>(end - ptr)};
   }
 
   void begin_capture() override {
@@ -242,7 +281,7 @@ class CudaBackend final : public Backend {
       kp.extra = nullptr;
       DG_CUDA_CHECK(cudaGraphKernelNodeSetParams(bs.node, &kp));
     }
-    return std::make_unique<CudaCaptured>(std::move(g), branch_nodes);
+    return std::make_unique<CudaCaptured>(std::move(g), branch_nodes, bs.params.num_handles > 0);
   }
   std::unique_ptr<BackendGraph> instantiate(CapturedGraph& captured) override {
     auto& c = static_cast<CudaCaptured&>(captured);
@@ -251,7 +290,7 @@ class CudaBackend final : public Backend {
   }
   bool update(BackendGraph& exec, CapturedGraph& captured) override {
     auto& c = static_cast<CudaCaptured&>(captured);
-    return static_cast<CudaGraph&>(exec).update(std::move(c.graph), c.branch_nodes);
+    return static_cast<CudaGraph&>(exec).update(std::move(c.graph), c.branch_nodes, /*reinstantiate=*/c.has_switch);
   }
   void abort_capture() noexcept override {
     if (sw_.active && sw_.branch >= 0 && sw_.fresh) {  // a branch capture is open on branch_stream_
@@ -283,12 +322,20 @@ class CudaBackend final : public Backend {
 
   // The eager launchers are capturable and check kKernelLaunch and cudaGetLastError themselves.
   // They go to the stream being captured: the own stream, or the branch stream inside a SWITCH branch.
-  void attention_v1(const DecodeArgs& args) override { paged_attention_v1(args, rec()); }
+  // A step body's own launches may run in between: what they left pending is logged first.
+  void attention_v1(const DecodeArgs& args) override {
+    clear_leftover("paged_attention_v1");
+    paged_attention_v1(args, rec());
+  }
   void attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
                     std::size_t workspace_bytes) override {
+    clear_leftover("paged_attention_v2");
     paged_attention_v2(args, partition_size, workspace, workspace_bytes, rec());
   }
-  void append(const AppendArgs& args) override { append_kv(args, rec()); }
+  void append(const AppendArgs& args) override {
+    clear_leftover("append_kv");
+    append_kv(args, rec());
+  }
   // Recorded into the graph: pinned destination, so it is a memcpy node, not a pageable copy.
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
     if (fault::should_fail(fault::Site::kMemcpy)) injected("cudaMemcpyAsync", fault::Site::kMemcpy);
@@ -300,7 +347,18 @@ class CudaBackend final : public Backend {
     static std::mutex mutex;
     static std::optional<std::pair<bool, std::string>> probed;  // once per process
     std::lock_guard<std::mutex> lock(mutex);
-    if (!probed) probed = probe_switch();
+    if (!probed) {
+      // Not the probe's own error, so never cached as its answer.
+      const cudaError_t pending = cudaGetLastError();
+      if (pending != cudaSuccess) {
+        log_leftover(pending, "the SWITCH probe");
+        if (cuda_error_is_sticky(pending)) {
+          why = std::string("the CUDA context was lost before the SWITCH probe (") + cudaGetErrorName(pending) + ")";
+          return false;
+        }
+      }
+      probed = probe_switch();
+    }
     why = probed->second;
     return probed->first;
   }
@@ -308,6 +366,7 @@ class CudaBackend final : public Backend {
     if (!scope_ || sw_.active) throw Error("band select: record it in a capture, outside SWITCH nodes");
     kernels::BandSelectParams params = p;
     params.num_handles = 0;  // filled in at end_capture
+    clear_leftover("the band-select launch");
     kernels::launch_band_select(params, stream_);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     cudaGraph_t graph = nullptr;
@@ -408,6 +467,27 @@ class CudaBackend final : public Backend {
     return scope_->end();
   }
 
+  // Takes what earlier work left pending before one of our launches, and logs it (file comment).
+  static void clear_leftover(const char* before) {
+    const cudaError_t err = DG_CUDA_TAKE_PENDING(before);
+    if (err != cudaSuccess) log_leftover(err, before);
+  }
+
+  // VMM memory (the driver hands out its allocation handle) or a memory pool's allocation.
+  bool mapped_in_segments(const void* p) const {
+    const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(p);
+    CUmemoryPool pool = nullptr;
+    if (drv_.pointer_attribute &&
+        drv_.pointer_attribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, ptr) == CUDA_SUCCESS && pool)
+      return true;
+    CUmemGenericAllocationHandle handle = 0;
+    if (drv_.retain && drv_.release && drv_.retain(&handle, const_cast<void*>(p)) == CUDA_SUCCESS) {
+      (void)drv_.release(handle);
+      return true;
+    }
+    return false;
+  }
+
   // The stream ops are recorded on: the branch stream while a SWITCH branch is being captured.
   cudaStream_t rec() const { return sw_.active && sw_.fresh ? branch_stream_ : stream_; }
 
@@ -472,6 +552,7 @@ class CudaBackend final : public Backend {
   // and 2, each checked by the value its branch wrote. The real calls, not the fault seam: a test's
   // injected fault is left for the code under test. Returns what failed, or "".
   static std::string probe_switch_capture() noexcept {
+    (void)cudaGetLastError();  // a failed clean-up of probe_switch's graph: not this part's launches
     cudaStream_t s = nullptr, s2 = nullptr;
     int* d = nullptr;  // [0] the length, [1..3] band edges, [4] the mark a branch writes
     cudaGraph_t g = nullptr;
@@ -597,20 +678,28 @@ class CudaBackend final : public Backend {
     if (stream_) (void)cudaStreamSynchronize(stream_);
   }
 
-  // cuMemGetAddressRange through the runtime's driver entry point, so libcuda need not be linked.
-  void load_address_range() noexcept {
+  // Driver calls through the runtime's entry points, so libcuda need not be linked. Each is null
+  // where the driver lacks it (and its check is then skipped).
+  template <typename Fn>
+  static Fn driver_entry_point(const char* name) noexcept {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
 #if CUDART_VERSION >= 12050
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found);
+    const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
 #else
-    const cudaError_t err = cudaGetDriverEntryPoint("cuMemGetAddressRange", &fn, cudaEnableDefault, &found);
+    const cudaError_t err = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &found);
 #endif
     if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
-      fn = nullptr;
+      return nullptr;
     }
-    get_range_ = reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(fn);
+    return reinterpret_cast<Fn>(fn);
+  }
+  void load_driver_entry_points() noexcept {
+    drv_.get_range = driver_entry_point<PFN_cuMemGetAddressRange_v3020>("cuMemGetAddressRange");
+    drv_.pointer_attribute = driver_entry_point<PFN_cuPointerGetAttribute_v4000>("cuPointerGetAttribute");
+    drv_.retain = driver_entry_point<PFN_cuMemRetainAllocationHandle_v11000>("cuMemRetainAllocationHandle");
+    drv_.release = driver_entry_point<PFN_cuMemRelease_v10020>("cuMemRelease");
   }
 
   void destroy() noexcept {
@@ -629,7 +718,15 @@ class CudaBackend final : public Backend {
   cudaStream_t last_ = nullptr;  // the last finished step's stream; done_ marks its end unless it is stream_
   cudaEvent_t staged_ = nullptr;
   cudaEvent_t done_ = nullptr;
-  PFN_cuMemGetAddressRange_v3020 get_range_ = nullptr;
+  struct DriverCalls {
+    PFN_cuMemGetAddressRange_v3020 get_range = nullptr;
+    PFN_cuPointerGetAttribute_v4000 pointer_attribute = nullptr;
+    PFN_cuMemRetainAllocationHandle_v11000 retain = nullptr;
+    PFN_cuMemRelease_v10020 release = nullptr;
+  } drv_;
+  // A walk's cost stays bounded: 256 mappings are 5 GiB of PyTorch's 20 MiB expandable-segment pages
+  // (512 MiB of 2 MiB ones), one cuMemGetAddressRange each, per buffer checked.
+  static constexpr int kMaxMappingsWalked = 256;
   cudaEvent_t timing_[2] = {nullptr, nullptr};  // kMeasured: around the timed replays
   std::optional<graphs::CaptureScope> scope_;
 

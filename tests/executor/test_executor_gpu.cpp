@@ -5,9 +5,17 @@
 // caches smaller than the spec (the driver's address range), a bad block id under kCheap, device
 // inputs with a max_seq_len hint, and rebind_layers. Outputs are compared where they are, on the
 // device (tests/gpu/device_compare.hpp): bitwise, or against the float64 reference copied over.
+// Then what the review of the CUDA paths asked for (issue 20): caches in VMM ranges of several
+// mappings and in a memory pool, SWITCH graphs in use wherever the driver has them, rebinding a
+// SWITCH graph with every band checked, and a CUDA error the caller left pending. Lines starting
+// "[driver]" record what the driver answered (issue 22's open questions).
+//
+// Copies from pageable host memory go through upload(): a pageable cudaMemcpy may return before its
+// DMA lands, and the executor's non-blocking streams are not ordered after the legacy stream.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,9 +25,12 @@
 #include "exec_world.hpp"
 
 #if DECODEGRAPH_HAS_CUDA
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include "device_compare.hpp"
+#include "kernels/band_select.cuh"
 #endif
 
 namespace {
@@ -33,6 +44,11 @@ struct DevBuf {
   explicit DevBuf(std::size_t n) { EXPECT_EQ(cudaMalloc(&p, n), cudaSuccess); }
   ~DevBuf() { cudaFree(p); }
 };
+// Host -> device, landed before it returns (file comment).
+void upload(void* dst, const void* src, std::size_t n) {
+  EXPECT_EQ(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
 #endif
 
 // kind: the kernel the threshold policy gives the bucket; measured: let kMeasured choose instead.
@@ -47,8 +63,8 @@ void run_gpu_case(KernelKind kind, bool measured = false) {
   World w(s, 1, 8, max_len, 77);
   const std::size_t cache_bytes = w.k[0].bytes;
   DevBuf dk(cache_bytes), dv(cache_bytes);
-  CK(cudaMemcpy(dk.p, w.k[0].data(), cache_bytes, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dv.p, w.v[0].data(), cache_bytes, cudaMemcpyHostToDevice));
+  upload(dk.p, w.k[0].data(), cache_bytes);
+  upload(dv.p, w.v[0].data(), cache_bytes);
   ExecutorConfig c = w.config(8, max_len);
   c.layers[0].k_cache = dk.p;
   c.layers[0].v_cache = dv.p;
@@ -66,8 +82,7 @@ void run_gpu_case(KernelKind kind, bool measured = false) {
   const std::size_t qb = w.q_elems(7) * dtype_size(s.dtype);
   std::vector<char> q(qb);
   dgtest::fill_uniform(s.dtype, q.data(), w.q_elems(7), w.rng);
-  CK(cudaMemcpy(ex.query(0), q.data(), qb, cudaMemcpyHostToDevice));
-  CK(cudaDeviceSynchronize());  // a pageable cudaMemcpy may return before the DMA lands
+  upload(ex.query(0), q.data(), qb);
   const StepResult r = ex.step(w.inputs());
   if (measured) {
     // Every candidate was timed with CUDA events (a positive time) and the fastest kept.
@@ -89,6 +104,7 @@ void run_gpu_case(KernelKind kind, bool measured = false) {
   CK(cudaStreamSynchronize(ex.stream()));
   DevBuf g1(qb);  // the first replay's output, kept on the device
   CK(cudaMemcpy(g1.p, ex.output(0), qb, cudaMemcpyDeviceToDevice));
+  CK(cudaDeviceSynchronize());  // the copy (legacy stream) has read output(0) before the next step rewrites it
   ex.step(w.inputs());
   CK(cudaStreamSynchronize(ex.stream()));
   EXPECT_TRUE(dgtest::bitwise_equal_on_device(g1.p, ex.output(0), qb)) << "two replays differ";
@@ -155,8 +171,8 @@ struct GpuWorld {
     for (int l = 0; l < layers; ++l) {
       k.push_back(std::make_unique<DevBuf>(w.k[l].bytes));
       v.push_back(std::make_unique<DevBuf>(w.v[l].bytes));
-      EXPECT_EQ(cudaMemcpy(k.back()->p, w.k[l].data(), w.k[l].bytes, cudaMemcpyHostToDevice), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(v.back()->p, w.v[l].data(), w.v[l].bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      upload(k.back()->p, w.k[l].data(), w.k[l].bytes);
+      upload(v.back()->p, w.v[l].data(), w.v[l].bytes);
     }
   }
   ExecutorConfig config(int max_batch, int max_len) {
@@ -177,9 +193,8 @@ struct GpuWorld {
     for (int l = 0; l < w.num_layers; ++l) {
       qs.emplace_back(n * dtype_size(w.spec.dtype));
       dgtest::fill_uniform(w.spec.dtype, qs.back().data(), n, w.rng);
-      EXPECT_EQ(cudaMemcpy(ex.query(l), qs.back().data(), qs.back().size(), cudaMemcpyHostToDevice), cudaSuccess);
+      upload(ex.query(l), qs.back().data(), qs.back().size());
     }
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return qs;
   }
   /// Layer l's output (device) against the float64 reference of the current inputs.
@@ -325,8 +340,8 @@ TEST(ExecutorGpu, DeviceInputsWithAHintAreNotReadBack) {
   g.w.set_lens({4000, 1, 17, 2049, 700, 33, 4096});
   const auto qs = g.write_q(ex);
   DevBuf dl(g.w.lens.size() * 4), dt(g.w.tables.size() * 4);
-  CK(cudaMemcpy(dl.p, g.w.lens.data(), g.w.lens.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dt.p, g.w.tables.data(), g.w.tables.size() * 4, cudaMemcpyHostToDevice));
+  upload(dl.p, g.w.lens.data(), g.w.lens.size() * 4);  // the step reads them on ex.stream()
+  upload(dt.p, g.w.tables.data(), g.w.tables.size() * 4);
   StepInputs in = g.w.inputs();
   in.space = MemorySpace::kDevice;
   in.seq_lens = static_cast<const int32_t*>(dl.p);
@@ -399,7 +414,7 @@ TEST(ExecutorGpu, SwitchGraphMatchesKHostBitwiseAcrossThe8192Crossing) {
   for (int len = 8000; len <= 8400; len += 25) {
     g.w.set_lens({len, len - 37});
     const auto qs = g.write_q(dev);
-    CK(cudaMemcpy(host.query(0), qs[0].data(), qb, cudaMemcpyHostToDevice));
+    upload(host.query(0), qs[0].data(), qb);  // host.step runs on host.stream(), not the legacy stream
     const StepResult rd = dev.step(g.w.inputs());
     host.step(g.w.inputs());
     ASSERT_EQ(rd.kernel, len <= 8192 ? KernelKind::kV1 : KernelKind::kV2) << len;
@@ -429,8 +444,8 @@ TEST(ExecutorGpu, SwitchGraphNeedsNoHintForDeviceInputs) {
   for (const std::vector<int>& lens : {std::vector<int>{4000, 1, 17, 2049, 700}, std::vector<int>{3, 600, 90, 513, 40}}) {
     g.w.set_lens(lens);
     const auto qs = g.write_q(ex);
-    CK(cudaMemcpy(dl.p, g.w.lens.data(), g.w.lens.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dt.p, g.w.tables.data(), g.w.tables.size() * 4, cudaMemcpyHostToDevice));
+    upload(dl.p, g.w.lens.data(), g.w.lens.size() * 4);
+    upload(dt.p, g.w.tables.data(), g.w.tables.size() * 4);
     StepInputs in = g.w.inputs();
     in.space = MemorySpace::kDevice;
     in.seq_lens = static_cast<const int32_t*>(dl.p);
@@ -451,9 +466,11 @@ TEST(ExecutorGpu, SwitchGraphNeedsNoHintForDeviceInputs) {
 #endif
 }
 
-// rebind_layers under kDevice: the SWITCH graph is updated in place or re-instantiated (whichever
-// the driver allows for conditional nodes), and reads the new caches.
-TEST(ExecutorGpu, SwitchGraphRebindsToNewCaches) {
+// rebind_layers under kDevice: the SWITCH graph is re-instantiated (never cudaGraphExecUpdate, whose
+// handling of the re-capture's new conditional handles is undocumented: cuda_backend.cpp), and every
+// band's branch then reads the new caches. A stale handle binding would run a wrong branch, or none,
+// for some band: each band's output is checked against the reference of the new caches.
+TEST(ExecutorGpu, SwitchGraphRebindsToNewCachesInEveryBand) {
   DG_REQUIRE_GPU();
 #if DECODEGRAPH_HAS_CUDA
   GpuWorld g(gpu_spec(), 1, 4, 4096, 173);
@@ -465,13 +482,450 @@ TEST(ExecutorGpu, SwitchGraphRebindsToNewCaches) {
   CK(cudaStreamSynchronize(ex.stream()));
   GpuWorld other(gpu_spec(), 1, 4, 4096, 179);
   ex.rebind_layers({LayerBuffers{other.k[0]->p, other.v[0]->p}});
+  ExecutorStats st = ex.stats();
+  EXPECT_EQ(st.graph_reinstantiations, 1);
+  EXPECT_EQ(st.graph_updates, 0) << "a SWITCH graph was updated in place";
+  // Bands (0, 512], (512, 1024], (1024, 2048], (2048, 4096]: one step in each, batch 2 (one bucket).
+  for (int len : {300, 1000, 1500, 4096}) {
+    other.w.set_lens({len, 7});
+    const auto qs = other.write_q(ex);
+    EXPECT_FALSE(ex.step(other.w.inputs()).captured);
+    CK(cudaStreamSynchronize(ex.stream()));
+    EXPECT_TRUE(other.check(ex, 0, qs[0].data())) << "band of length " << len << " after rebind_layers";
+  }
+  st = ex.stats();
+  ASSERT_EQ(st.graphs.size(), 1u);
+  ASSERT_EQ(st.graphs[0].band_replays.size(), 4u);
+  EXPECT_EQ(st.graphs[0].band_replays[0], 1);
+  EXPECT_EQ(st.graphs[0].band_replays[1], 1);
+  EXPECT_EQ(st.graphs[0].band_replays[2], 1);
+  EXPECT_EQ(st.graphs[0].band_replays[3], 2);  // 3000 before the rebind, 4096 after
+#endif
+}
+
+// ---------------------------------------------------------------- the review of the CUDA paths (issue 20)
+
+#if DECODEGRAPH_HAS_CUDA
+struct CudaVersions {
+  int driver = 0, runtime = 0;
+  CudaVersions() {
+    EXPECT_EQ(cudaDriverGetVersion(&driver), cudaSuccess);
+    EXPECT_EQ(cudaRuntimeGetVersion(&runtime), cudaSuccess);
+  }
+  bool have_switch() const { return driver >= 12080 && runtime >= 12080; }
+};
+#endif
+
+// A probe that fell back to kHost would let every SWITCH test above skip, and the suite pass without
+// one SWITCH graph run: where driver and runtime are 12.8 or newer, kDevice must be in effect, and its
+// graph must pick the band. The probe's reason is printed either way.
+TEST(ExecutorGpu, SwitchGraphsAreInUseWhereTheDriverHasThem) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  const CudaVersions v;
+  GpuWorld g(gpu_spec(), 1, 2, 1024, 181);
+  Executor ex(g.config(2, 1024));
+  const std::string note = ex.stats().band_select_note;
+  std::cout << "[driver] driver " << v.driver << ", runtime " << v.runtime << ": band_select "
+            << to_string(ex.band_select()) << (note.empty() ? "" : "; " + note) << std::endl;
+  if (!v.have_switch()) GTEST_SKIP() << "driver " << v.driver << " / runtime " << v.runtime << ": no SWITCH nodes";
+  ASSERT_EQ(ex.band_select(), BandSelect::kDevice)
+      << "SILENT kDevice FALLBACK: driver " << v.driver << " and runtime " << v.runtime
+      << " have SWITCH nodes, but the probe fell back to kHost: " << note;
+  for (const std::vector<int>& lens : {std::vector<int>{700, 5}, std::vector<int>{90, 3}}) {
+    g.w.set_lens(lens);
+    const auto qs = g.write_q(ex);
+    EXPECT_TRUE(ex.step(g.w.inputs()).band_on_device);
+    CK(cudaStreamSynchronize(ex.stream()));
+    EXPECT_TRUE(g.check(ex, 0, qs[0].data())) << "longest " << lens[0];
+  }
   const ExecutorStats st = ex.stats();
-  EXPECT_EQ(st.graph_updates + st.graph_reinstantiations, 1);
-  other.w.set_lens({100, 4096});
-  const auto qs = other.write_q(ex);
-  EXPECT_FALSE(ex.step(other.w.inputs()).captured);
+  ASSERT_EQ(st.graphs.size(), 1u);
+  EXPECT_EQ(st.graphs[0].band_replays, (std::vector<long long>{1, 1}));  // (0, 512] and (512, 1024]
+#endif
+}
+
+// A CUDA error the caller left pending (not sticky: an invalid device ordinal) is not blamed on the
+// executor's launches, nor taken as the SWITCH probe's answer: ctest runs each test in a fresh
+// process, so the probe runs after it here. Construction, capture, replay and an eager launch
+// succeed, each with such an error pending before it, and the outputs are right.
+TEST(ExecutorGpu, ACudaErrorLeftPendingIsNotBlamedOnOurLaunches) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  const CudaVersions v;
+  GpuWorld g(gpu_spec(), 1, 2, 1024, 191);
+  auto leave_error = [] {
+    ASSERT_NE(cudaSetDevice(-1), cudaSuccess);
+    ASSERT_NE(cudaPeekAtLastError(), cudaSuccess);
+  };
+  leave_error();
+  Executor ex(g.config(2, 1024));
+  if (v.have_switch()) EXPECT_EQ(ex.band_select(), BandSelect::kDevice) << ex.stats().band_select_note;
+  g.w.set_lens({600, 17});
+  const auto qs = g.write_q(ex);
+  leave_error();
+  StepResult r;
+  ASSERT_NO_THROW(r = ex.step(g.w.inputs()));
+  EXPECT_TRUE(r.captured);
   CK(cudaStreamSynchronize(ex.stream()));
-  EXPECT_TRUE(other.check(ex, 0, qs[0].data()));
+  EXPECT_TRUE(g.check(ex, 0, qs[0].data()));
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the leftover was cleared";
+
+  // The eager API: the same launch with an error pending before it.
+  const std::size_t qb = g.w.q_elems(2) * dtype_size(g.w.spec.dtype);
+  DevBuf dt(g.w.tables.size() * 4), dl(g.w.lens.size() * 4), dq(qb), dout(qb);
+  upload(dt.p, g.w.tables.data(), g.w.tables.size() * 4);
+  upload(dl.p, g.w.lens.data(), g.w.lens.size() * 4);
+  upload(dq.p, qs[0].data(), qb);
+  DecodeArgs a;
+  a.spec = g.w.spec;
+  a.num_seqs = 2;
+  a.max_seq_len = 1024;
+  a.block_table_stride = g.w.stride;
+  a.num_blocks = g.w.num_blocks;
+  a.q = dq.p;
+  a.out = dout.p;
+  a.k_cache = g.k[0]->p;
+  a.v_cache = g.v[0]->p;
+  a.block_tables = static_cast<const int32_t*>(dt.p);
+  a.seq_lens = static_cast<const int32_t*>(dl.p);
+  leave_error();
+  ASSERT_NO_THROW(paged_attention_v1(a, nullptr));
+  CK(cudaDeviceSynchronize());
+  const dgtest::Tol t = dgtest::tol_for(g.w.spec.dtype);
+  EXPECT_TRUE(dgtest::check_close_on_device(g.w.spec.dtype, dout.p, g.w.reference(0, qs[0].data()), 2,
+                                            g.w.spec.num_q_heads, g.w.spec.head_size, t.atol, t.rtol));
+#endif
+}
+
+#if DECODEGRAPH_HAS_CUDA
+// Driver calls through the runtime's entry points: the test binary must also start where no driver
+// is installed (and skip there), so libcuda is not linked.
+struct Driver {
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemGetAddressRange_v3020 address_range = nullptr;
+  bool ok = true;
+  template <typename Fn>
+  void load(Fn& fn, const char* name) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      ok = false;
+    }
+    fn = reinterpret_cast<Fn>(p);
+  }
+  Driver() {
+    load(granularity, "cuMemGetAllocationGranularity");
+    load(create, "cuMemCreate");
+    load(release, "cuMemRelease");
+    load(reserve, "cuMemAddressReserve");
+    load(address_free, "cuMemAddressFree");
+    load(map, "cuMemMap");
+    load(unmap, "cuMemUnmap");
+    load(set_access, "cuMemSetAccess");
+    load(address_range, "cuMemGetAddressRange");
+  }
+  static Driver& get() {
+    static Driver d;
+    return d;
+  }
+  /// Pinned device memory on the current device, and its allocation granularity (0 on failure).
+  static CUmemAllocationProp device_memory() {
+    int dev = 0;
+    EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    EXPECT_EQ(cudaFree(nullptr), cudaSuccess);  // the runtime's primary context is current for driver calls
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    return prop;
+  }
+  std::size_t segment_bytes() {
+    const CUmemAllocationProp prop = device_memory();
+    std::size_t g = 0;
+    if (!ok || granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return 0;
+    return g;
+  }
+};
+#define CU(call) ASSERT_EQ((call), CUDA_SUCCESS) << #call
+
+// A VMM range as PyTorch's expandable segments build one: one address reservation, each segment (of
+// the allocation granularity) a physical allocation of its own, created, mapped and made accessible
+// apart; segments with `mapped[i]` false stay unmapped.
+struct VmmRange {
+  CUdeviceptr base = 0;
+  std::size_t segment = 0, size = 0;
+  std::vector<CUmemGenericAllocationHandle> handles;  // 0: not mapped
+  void build(const std::vector<bool>& mapped) {
+    Driver& d = Driver::get();
+    ASSERT_TRUE(d.ok) << "a VMM driver entry point is missing";
+    const CUmemAllocationProp prop = Driver::device_memory();
+    segment = d.segment_bytes();
+    ASSERT_GT(segment, 0u);
+    size = segment * mapped.size();
+    CU(d.reserve(&base, size, 0, 0, 0));
+    handles.assign(mapped.size(), 0);
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (std::size_t i = 0; i < mapped.size(); ++i) {
+      if (!mapped[i]) continue;
+      CU(d.create(&handles[i], segment, &prop, 0));
+      CU(d.map(base + i * segment, segment, 0, handles[i], 0));
+      CU(d.set_access(base + i * segment, segment, &access, 1));
+    }
+  }
+  ~VmmRange() {
+    Driver& d = Driver::get();
+    for (std::size_t i = 0; i < handles.size(); ++i) {
+      if (!handles[i]) continue;
+      (void)d.unmap(base + i * segment, segment);
+      (void)d.release(handles[i]);
+    }
+    if (base) (void)d.address_free(base, size);
+  }
+  void* at(std::size_t offset) const { return reinterpret_cast<void*>(base + offset); }
+};
+
+// What cuMemGetAddressRange says of p, as a "[driver]" line.
+void print_address_range(const char* what, const void* p) {
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  const CUresult r = Driver::get().address_range(&base, &size, reinterpret_cast<CUdeviceptr>(p));
+  std::cout << "[driver] " << what << ": cuMemGetAddressRange returned " << static_cast<int>(r) << ", range from "
+            << static_cast<long long>(reinterpret_cast<CUdeviceptr>(p) - base) << " bytes before the pointer, "
+            << size << " bytes long" << std::endl;
+}
+
+// The world's caches copied into VMM ranges, each starting half a segment into its range, so that it
+// spans several mappings; `last_mapped` false leaves the range's last segment unmapped, cutting the
+// cache short.
+struct VmmCaches {
+  VmmRange k, v;
+  void* kp = nullptr;
+  void* vp = nullptr;
+  void build(const World& w, bool last_mapped) {
+    const std::size_t bytes = w.k[0].bytes;
+    const std::size_t seg = Driver::get().segment_bytes();
+    ASSERT_GT(seg, 0u) << "no VMM allocation granularity";
+    const std::size_t n = (seg / 2 + bytes + seg - 1) / seg;
+    std::vector<bool> mapped(n, true);
+    if (!last_mapped) mapped.back() = false;
+    for (VmmRange* r : {&k, &v}) {
+      r->build(mapped);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    kp = k.at(k.segment / 2);
+    vp = v.at(v.segment / 2);
+    if (!last_mapped) return;
+    upload(kp, w.k[0].data(), bytes);
+    upload(vp, w.v[0].data(), bytes);
+  }
+};
+#endif
+
+// A cache in a VMM range of several separately mapped segments (PyTorch's expandable segments) is
+// accepted at construction and at rebind_layers, and reads right; one whose range has an unmapped
+// segment before the cache ends is rejected, naming it.
+TEST(ExecutorGpu, CacheInAVmmRangeOfSeveralMappingsIsAccepted) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  GpuWorld g(gpu_spec(), 1, 4, 4096, 193);
+  VmmCaches vmm;
+  vmm.build(g.w, /*last_mapped=*/true);
+  if (HasFatalFailure()) return;
+  std::cout << "[driver] VMM range: " << vmm.k.handles.size() << " mappings of " << vmm.k.segment
+            << " bytes, cache of " << g.w.k[0].bytes << " bytes from half a segment in" << std::endl;
+  print_address_range("VMM cache", vmm.kp);
+  ExecutorConfig c = g.config(4, 4096);
+  c.layers[0].k_cache = vmm.kp;
+  c.layers[0].v_cache = vmm.vp;
+  std::unique_ptr<Executor> ex;
+  ASSERT_NO_THROW(ex = std::make_unique<Executor>(c)) << "a valid VMM cache was rejected";
+  g.w.set_lens({4000, 1, 2049});
+  auto qs = g.write_q(*ex);
+  ex->step(g.w.inputs());
+  CK(cudaStreamSynchronize(ex->stream()));
+  EXPECT_TRUE(g.check(*ex, 0, qs[0].data()));
+
+  // rebind_layers: from plain allocations to the VMM caches.
+  Executor plain(g.config(4, 4096));
+  EXPECT_NO_THROW(plain.rebind_layers({LayerBuffers{vmm.kp, vmm.vp}}));
+
+  VmmCaches cut;
+  cut.build(g.w, /*last_mapped=*/false);
+  if (HasFatalFailure()) return;
+  const std::size_t mapped = (cut.k.handles.size() - 1) * cut.k.segment - cut.k.segment / 2;
+  c.layers[0].k_cache = cut.kp;
+  try {
+    Executor bad(c);
+    ADD_FAILURE() << "a cache past the mapped part of its VMM range was accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("layers[0].k_cache"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(mapped) + " bytes to the end"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(plain.rebind_layers({LayerBuffers{cut.kp, vmm.vp}}), InvalidArgument);
+#endif
+}
+
+// A cache from a memory pool (cudaMallocAsync) is accepted and reads right.
+TEST(ExecutorGpu, CacheFromAMemoryPoolIsAccepted) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  World w(gpu_spec(), 1, 4, 4096, 197);
+  const std::size_t bytes = w.k[0].bytes;
+  cudaStream_t s = nullptr;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* pk = nullptr;
+  void* pv = nullptr;
+  CK(cudaMallocAsync(&pk, bytes, s));
+  CK(cudaMallocAsync(&pv, bytes, s));
+  CK(cudaStreamSynchronize(s));
+  upload(pk, w.k[0].data(), bytes);
+  upload(pv, w.v[0].data(), bytes);
+  std::cout << "[driver] pool allocation of " << bytes << " bytes" << std::endl;
+  print_address_range("pool cache", pk);
+  ExecutorConfig c = w.config(4, 4096);
+  c.layers[0].k_cache = pk;
+  c.layers[0].v_cache = pv;
+  c.backend = BackendKind::kCuda;
+  c.append_kv = false;
+  {
+    std::unique_ptr<Executor> ex;
+    ASSERT_NO_THROW(ex = std::make_unique<Executor>(c)) << "a valid pool cache was rejected";
+    w.set_lens({3000, 17});
+    const std::size_t qb = w.q_elems(2) * dtype_size(w.spec.dtype);
+    std::vector<char> q(qb);
+    dgtest::fill_uniform(w.spec.dtype, q.data(), w.q_elems(2), w.rng);
+    upload(ex->query(0), q.data(), qb);
+    ex->step(w.inputs());
+    CK(cudaStreamSynchronize(ex->stream()));
+    const dgtest::Tol t = dgtest::tol_for(w.spec.dtype);
+    EXPECT_TRUE(dgtest::check_close_on_device(w.spec.dtype, ex->output(0), w.reference(0, q.data()), 2,
+                                              w.spec.num_q_heads, w.spec.head_size, t.atol, t.rtol));
+  }
+  CK(cudaFreeAsync(pk, s));
+  CK(cudaFreeAsync(pv, s));
+  CK(cudaStreamSynchronize(s));
+  CK(cudaStreamDestroy(s));
+#endif
+}
+
+// Issue 22's open question, answered for the record: after cudaGraphExecUpdate with a re-captured
+// SWITCH graph, does the node read the new graph's conditional handle (the one the updated
+// band-select kernel sets)? Built the way the executor builds a bucket graph (the band-select kernel
+// captured, a SWITCH node added to the capture, the handle patched into the kernel's parameters),
+// two branches each setting a mark; both handles default to 1 at every launch, so a node still bound
+// to the first graph's handle runs branch 1 whatever band the kernel sets. The executor does not
+// depend on the answer (it re-instantiates SWITCH graphs on rebind); "rebinds" would let it update
+// them in place.
+TEST(ExecutorGpu, WhatGraphExecUpdateDoesWithANewConditionalHandle) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  const CudaVersions v;
+  if (!v.have_switch()) GTEST_SKIP() << "no SWITCH nodes before 12.8";
+  DevBuf buf(8 * sizeof(int));  // [0] the length, [1..2] band edges 8 and 16, [3] the mark
+  int* d = static_cast<int*>(buf.p);
+  const int init[4] = {12, 8, 16, 0};
+  upload(d, init, sizeof init);
+  cudaStream_t s = nullptr;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto build = [&](cudaGraph_t* g) {
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    kernels::BandSelectParams p;
+    p.seq_lens = d;
+    p.batch = 1;
+    p.edges = d + 1;
+    p.num_edges = 2;
+    CK(static_cast<cudaError_t>(kernels::launch_band_select_for_probe(p, s)));
+    cudaStreamCaptureStatus status{};
+    cudaGraph_t cg = nullptr;
+    const cudaGraphNode_t* deps = nullptr;
+    const cudaGraphEdgeData* edges = nullptr;
+    std::size_t ndeps = 0;
+    CK(cudaStreamGetCaptureInfo(s, &status, nullptr, &cg, &deps, &edges, &ndeps));
+    ASSERT_EQ(ndeps, 1u);
+    const cudaGraphNode_t select = deps[0];
+    cudaGraphConditionalHandle h = 0;
+    CK(cudaGraphConditionalHandleCreate(&h, cg, 1, cudaGraphCondAssignDefault));
+    cudaGraphNodeParams np{};
+    np.type = cudaGraphNodeTypeConditional;
+    np.conditional.handle = h;
+    np.conditional.type = cudaGraphCondTypeSwitch;
+    np.conditional.size = 2;
+    cudaGraphNode_t sw = nullptr;
+    CK(cudaGraphAddNode(&sw, cg, deps, edges, ndeps, &np));
+    CK(cudaStreamUpdateCaptureDependencies(s, &sw, nullptr, 1, cudaStreamSetCaptureDependencies));
+    for (unsigned b = 0; b < 2; ++b) {
+      cudaMemsetParams m{};
+      m.dst = d + 3;
+      m.value = 10 + b;
+      m.elementSize = 4;
+      m.width = 1;
+      m.height = 1;
+      cudaGraphNode_t set = nullptr;
+      CK(cudaGraphAddMemsetNode(&set, np.conditional.phGraph_out[b], nullptr, 0, &m));
+    }
+    CK(cudaStreamEndCapture(s, g));
+    cudaKernelNodeParams kp{};
+    CK(cudaGraphKernelNodeGetParams(select, &kp));
+    p.num_handles = 1;
+    p.handles[0] = h;
+    void* args[] = {&p};
+    kp.kernelParams = args;
+    kp.extra = nullptr;
+    CK(cudaGraphKernelNodeSetParams(select, &kp));
+  };
+  cudaGraph_t first = nullptr, second = nullptr;
+  build(&first);
+  if (HasFatalFailure()) return;
+  build(&second);
+  if (HasFatalFailure()) return;
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, first, 0));
+  // The branch a length runs: 0 for (0, 8], 1 for (8, 16]; -1 for none.
+  auto ran = [&](int len) -> int {
+    int mark = -1;
+    const int reset[4] = {len, 8, 16, -1};
+    EXPECT_EQ(cudaMemcpyAsync(d, reset, sizeof reset, cudaMemcpyHostToDevice, s), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(&mark, d + 3, sizeof mark, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    return mark < 0 ? -1 : mark - 10;
+  };
+  EXPECT_EQ(ran(4), 0) << "the first graph, band 0";
+  EXPECT_EQ(ran(12), 1) << "the first graph, band 1";
+  cudaGraphExecUpdateResultInfo info{};
+  const cudaError_t err = cudaGraphExecUpdate(exec, second, &info);
+  if (err != cudaSuccess || info.result != cudaGraphExecUpdateSuccess) {
+    (void)cudaGetLastError();
+    std::cout << "[driver] cudaGraphExecUpdate of a SWITCH graph re-captured with a new conditional handle: "
+              << "refused (" << cudaGetErrorName(err) << ", cudaGraphExecUpdateResult " << static_cast<int>(info.result)
+              << ")" << std::endl;
+  } else {
+    const int b = ran(4);
+    std::cout << "[driver] cudaGraphExecUpdate of a SWITCH graph re-captured with a new conditional handle: "
+              << "accepted, and band 0 then ran "
+              << (b == 0 ? "branch 0: the node reads the new handle (in-place update would be safe)"
+                         : b == 1 ? "branch 1: THE NODE KEPT THE OLD HANDLE (in-place update is unsafe)"
+                                  : "no branch (in-place update is unsafe)")
+              << std::endl;
+    EXPECT_EQ(ran(12), b == 0 ? 1 : b) << "band 1 after the update";
+  }
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(first));
+  CK(cudaGraphDestroy(second));
+  CK(cudaStreamDestroy(s));
 #endif
 }
 
