@@ -1,7 +1,7 @@
 // plan_report: the planner's predicted share of the roof for issue 19's shapes (llama3-8b
 // attention, bf16, block 16; vLLM and NHD layouts), before and after the cost model. Predictions of
 // the cost model (executor/cost_model.hpp), never measurements; no GPU and no memory needed.
-//   build/bench/plan_report > bench/results/static/plans-issue19.md
+//   cmake --build build --target plan_report && build/bench/plan_report > bench/results/static/plans-issue19.md
 // "Before" is the planner of b112b12: kAuto's fill rule (V1 where one block per (sequence, KV head)
 // fills the resident slots, else V2 with the balanced P that fills them at the band's lower edge)
 // and the merge of that commit (one serial fold per (sequence, head)), both scored by today's model
@@ -93,13 +93,19 @@ int main() {
   const Shape shapes[] = {{1, 32768}, {8, 32768}, {1, 131072}, {8, 131072}, {64, 2048}, {1, 4096}};
 
   std::printf("# Planner predictions for issue 19's shapes\n\n");
-  std::printf("Output of `build/bench/plan_report` (bench/plan_report.cpp): **predictions** of the planner's cost\n"
-              "model (executor/cost_model.hpp, docs/planning.md), not measurements; no GPU has run these plans.\n"
+  std::printf("Output of `build/bench/plan_report` (bench/plan_report.cpp; `cmake --build build --target plan_report`):\n"
+              "**predictions** of the planner's cost model (executor/cost_model.hpp, docs/planning.md), not\n"
+              "measurements; no GPU has run these plans.\n"
               "llama3-8b attention (32 q heads, 8 KV heads, head 128), bf16, block 16, one layer, every sequence\n"
               "at the length shown; the host device model (132 SMs x the pass-1 kernel's occupancy). Roof share =\n"
               "bench's bytes model (K+V, q, out, V2 partials) / (time x %.0f GB/s). Before: b112b12's kAuto (fill\n"
               "rule) and merge (one serial fold per (sequence, head)); after: kAuto's cost model and the folded merge.\n\n",
               after_k.read_gbs);
+  std::printf("The model's constants (executor/cost_model.hpp, none measured yet): read %.0f GB/s, one block alone\n"
+              "%.1f GB/s, block fixed %.2f us, idle block %.2f us, kernel floor %.2f us, launch gap %.2f us, L2 round\n"
+              "trip %.2f us, L2 %.0f GB/s, merge tree %.2f us.\n\n",
+              after_k.read_gbs, after_k.block_gbs, after_k.block_fixed_us, after_k.idle_block_us, after_k.kernel_floor_us,
+              after_k.launch_gap_us, after_k.l2_round_trip_us, after_k.l2_gbs, after_k.merge_tree_us);
   for (dg::KVLayout layout : {dg::KVLayout::kVLLM, dg::KVLayout::kNHD}) {
     const dg::ExecutorConfig c = config(llama3_8b(layout));
     const std::vector<dg::BucketPlan> after = dg::detail::make_plans(c);

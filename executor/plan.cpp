@@ -321,8 +321,12 @@ ExecutorConfig resolve_config(ExecutorConfig c, const std::function<DeviceModel(
 namespace {
 
 /// The lengths a band is scored at: its lower edge (band_lo + 1 tokens), middle and upper edge.
+/// The first band's lower edge is 1 token, where every launch is its kernels' floors; like the
+/// design length, it starts at half its upper edge instead, where its lengths double as every other
+/// default band's do (shorter rows cost little whichever plan runs them).
 std::array<int, 3> band_lengths(const BucketPlan& p) {
-  return {p.band_lo + 1, p.band_lo + (p.band_hi - p.band_lo + 1) / 2, p.band_hi};
+  const int lo = p.band_lo > 0 ? p.band_lo + 1 : std::max(1, p.band_hi / 2);
+  return {lo, lo + (p.band_hi - lo + 1) / 2, p.band_hi};
 }
 
 PlanPrediction prediction(const ExecutorConfig& c, const BucketPlan& p, int len) {

@@ -176,9 +176,10 @@ struct BucketPlan {
   int live_blocks_at_band_lo = 0;  // pass-1 blocks with work when every sequence has design_len tokens
   double waves = 0;                // blocks / target_blocks: the launch's size in resident slots
   /// The cost model's prediction for this plan's launch with every sequence at the band's lower edge
-  /// (band_lo + 1 tokens), its middle and its upper edge (band_hi): the lengths kAuto scores. Set for
-  /// every policy; predicted_hi.us is the plan's predicted microseconds per attention call, and
-  /// predicted_hi.roof_share its predicted share of the roof.
+  /// (band_lo + 1 tokens; the first band: max(1, band_hi / 2), as design_len), its middle and its
+  /// upper edge (band_hi): the lengths kAuto scores. Set for every policy; predicted_hi.us is the
+  /// plan's predicted microseconds per attention call, and predicted_hi.roof_share its predicted
+  /// share of the roof.
   PlanPrediction predicted_lo, predicted_mid, predicted_hi;
   /// kAuto: the chosen launch's worst-case regret over those lengths (its predicted time over the
   /// best candidate's at the same length, minus 1; 0 when it is the best at all three), and how many

@@ -314,7 +314,7 @@ TEST(Plan, MeasuredPolicyStartsFromAutoAndListsItsCandidates) {
     BucketPlan t = p;
     detail::set_launch(t, r, k.kernel, k.partition_size);
     EXPECT_DOUBLE_EQ(k.predicted_us, 3 * t.predicted_mid.us) << k.partition_size;
-    EXPECT_EQ(t.predicted_mid.len, 4096 + 2048);
+    EXPECT_EQ(t.predicted_mid.len, 4097 + 2048);  // lower edge 4097, half the band past it
   }
   // Above the threshold V1 is no candidate.
   for (const PlanCandidate& k : find_plan(mea, 1, 16384).candidates) EXPECT_EQ(k.kernel, V2);
@@ -412,8 +412,9 @@ TEST(Plan, InvariantsHoldOverRandomShapesDeviceModelsAndBands) {
         ASSERT_EQ(q->blocks, static_cast<long long>(q->grid_x) * q->grid_y * q->grid_z) << where;
         ASSERT_EQ(q->target_blocks, target) << where;
         // Predictions at the band's three lengths, for both policies.
-        ASSERT_EQ(q->predicted_lo.len, q->band_lo + 1) << where;
-        ASSERT_EQ(q->predicted_mid.len, q->band_lo + (q->band_hi - q->band_lo + 1) / 2) << where;
+        const int lo_len = q->band_lo > 0 ? q->band_lo + 1 : std::max(1, q->band_hi / 2);
+        ASSERT_EQ(q->predicted_lo.len, lo_len) << where;
+        ASSERT_EQ(q->predicted_mid.len, lo_len + (q->band_hi - lo_len + 1) / 2) << where;
         ASSERT_EQ(q->predicted_hi.len, q->band_hi) << where;
         for (const PlanPrediction* x : {&q->predicted_lo, &q->predicted_mid, &q->predicted_hi}) {
           ASSERT_GT(x->us, 0) << where;
@@ -648,12 +649,14 @@ TEST(Plan, TableShowsThePredictionsAndWhy) {
   EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), static_cast<long>(plans.size()) + 1);
   // kAuto says it chose by predicted time, with the regret, the candidates and the three times.
   for (const BucketPlan& p : plans) {
+    // The lengths: lower edge + 1 (the first band: half its upper edge), middle, upper edge.
+    EXPECT_EQ(p.predicted_lo.len, p.band == 0 ? p.band_hi / 2 : p.band_lo + 1);
     char want[256];
     std::snprintf(want, sizeof want,
                   "predicted time: least worst-case regret (%+.1f %%) of %d candidates; %.1f / %.1f / %.1f us at "
                   "%d / %d / %d tokens",
                   100 * p.predicted_regret, p.candidates_scored, p.predicted_lo.us, p.predicted_mid.us,
-                  p.predicted_hi.us, p.band_lo + 1, p.band_lo + (p.band_hi - p.band_lo + 1) / 2, p.band_hi);
+                  p.predicted_hi.us, p.predicted_lo.len, p.predicted_mid.len, p.band_hi);
     EXPECT_EQ(describe_reason(p), want);
     EXPECT_NE(table.find(want), std::string::npos) << want;
   }
