@@ -161,7 +161,7 @@ const BucketPlan& plan_at(const std::vector<BucketPlan>& plans, int batch, int l
   return none;
 }
 
-std::vector<BucketPlan> llama3_8b_plans(KVLayout layout) {
+ExecutorConfig llama3_8b_config(KVLayout layout = KVLayout::kVLLM) {
   ExecutorConfig c;
   c.spec.num_q_heads = 32;
   c.spec.num_kv_heads = 8;
@@ -171,8 +171,10 @@ std::vector<BucketPlan> llama3_8b_plans(KVLayout layout) {
   c.spec.layout = layout;
   c.max_batch = 64;
   c.max_seq_len = 131072;
-  return plan_buckets(c);
+  return c;
 }
+
+std::vector<BucketPlan> llama3_8b_plans(KVLayout layout) { return plan_buckets(llama3_8b_config(layout)); }
 
 // The issue's aims, as the planner's predicted share of the roof at the shape's length (each shape
 // sits at its band's upper edge). Predictions, not measurements: this pins what the planner and the
@@ -202,15 +204,7 @@ TEST(CostModel, PlansMeetIssue19sAimsWhereTheModelReachesThem) {
 // The merge at batch 1 x 128K, the issue's target: under 2 us (its latency chain and tree; the
 // kernel's floor and launch gap are the fixed term).
 TEST(CostModel, TheMergeAtBatch1x128KIsUnder2us) {
-  ExecutorConfig c;
-  c.spec.num_q_heads = 32;
-  c.spec.num_kv_heads = 8;
-  c.spec.head_size = 128;
-  c.spec.block_size = 16;
-  c.spec.dtype = DType::kBFloat16;
-  c.max_batch = 64;
-  c.max_seq_len = 131072;
-  c = detail::resolve_planning(c);
+  ExecutorConfig c = detail::resolve_planning(llama3_8b_config());
   c.device_model = host_device_model(c.spec);
   const BucketPlan& p = plan_at(detail::make_plans(c), 1, 131072);
   EXPECT_LT(detail::predict_call(c, p, 131072).merge_us, 2.0);
