@@ -402,7 +402,7 @@ std::vector<int> auto_v2_sizes(const BucketPlan& p, const ExecutorConfig& c) {
   for (long long waves = 1; waves <= 4; ++waves)
     if (waves * slots >= per) add(ceil_div(p.band_hi, waves * slots / per));
   for (long long m = 1; m <= 2; ++m)
-    add(balanced_partition(p.band_lo + 1, ceil_div(m * roof_blocks, per), bs, min_p));
+    add(balanced_partition(band_lengths(p)[0], ceil_div(m * roof_blocks, per), bs, min_p));
   add(fill_v2_partition(p, c));
   return std::vector<int>(sizes.begin(), sizes.end());
 }
@@ -435,11 +435,10 @@ namespace {
 
 /// The least worst-case regret; ties (within 1e-9) go to the shorter predicted time at the upper
 /// edge, then to the earlier candidate (V1, then shorter partitions).
-const ScoredPlan& least_regret(const std::vector<ScoredPlan>& scored, KernelKind only = KernelKind::kV1,
-                               bool any = true) {
+const ScoredPlan& least_regret(const std::vector<ScoredPlan>& scored, bool v2_only = false) {
   const ScoredPlan* best = nullptr;
   for (const ScoredPlan& s : scored) {
-    if (!any && s.plan.kernel != only) continue;
+    if (v2_only && s.plan.kernel != KernelKind::kV2) continue;
     if (best == nullptr || s.regret < best->regret - 1e-9 ||
         (s.regret <= best->regret + 1e-9 && s.plan.predicted_hi.us < best->plan.predicted_hi.us - 1e-9))
       best = &s;
@@ -454,7 +453,7 @@ std::vector<PlanCandidate> measure_candidates(const BucketPlan& p, const Executo
   if (p.band_hi <= c.v2_threshold) out.push_back({KernelKind::kV1, 0, -1, -1});
   const int bs = c.spec.block_size;
   // kAuto's best V2, whichever kernel kAuto chose.
-  const int auto_p = least_regret(auto_candidates(p, c), KernelKind::kV2, false).plan.partition_size;
+  const int auto_p = least_regret(auto_candidates(p, c), /*v2_only=*/true).plan.partition_size;
   std::vector<int> sizes = {auto_p};
   if (c.partition_size == 0) {
     const long long min_p = auto_min_partition(bs);
