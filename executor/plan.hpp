@@ -36,11 +36,28 @@ void check_layer_buffers(const std::vector<LayerBuffers>& layers, const Executor
 std::vector<BucketPlan> make_plans(const ExecutorConfig& resolved);
 
 /// Sets the launch fields of `plan` (kernel, partitions, grids, workspace, launch_len and the block
-/// counts) for `kernel` at `partition_size` (V2). Band fields and design_len must be set.
+/// counts) for `kernel` at `partition_size` (V2), and the cost model's predictions of that launch at
+/// the band's lower edge, middle and upper edge (predicted_regret and candidates_scored reset to 0:
+/// kAuto's choice sets them). Band fields and design_len must be set.
 void set_launch(BucketPlan& plan, const ExecutorConfig& resolved, KernelKind kernel, int partition_size);
 
-/// kMeasured's candidates for a bucket: V1 (at or below the threshold), then V2 at kAuto's partition
-/// size and at half and twice it where those are valid and still split the band's longest length.
+/// One of kAuto's candidates: its plan (launch and predictions set) and its worst-case regret over
+/// the band's three lengths (its predicted time over the best candidate's at that length, minus 1).
+struct ScoredPlan {
+  BucketPlan plan;
+  double regret = 0;
+};
+
+/// kAuto's candidates for a bucket (band fields and design_len set): V1 at or below the threshold,
+/// V2 at the caller's fixed partition size or at kAuto's sizes (docs/planning.md), each scored. The
+/// plan kAuto makes is the least regret (ties: the shorter predicted time at the upper edge, then
+/// the earlier candidate).
+std::vector<ScoredPlan> auto_candidates(const BucketPlan& bucket, const ExecutorConfig& resolved);
+
+/// kMeasured's candidates for a bucket: V1 (at or below the threshold), then V2 at kAuto's best V2
+/// partition size and at half and twice it where those are at least kAuto's shortest (64 tokens) and
+/// still split the band's longest length; each with the model's predicted_us (num_layers calls, every
+/// sequence at the band's middle).
 std::vector<PlanCandidate> measure_candidates(const BucketPlan& plan, const ExecutorConfig& resolved);
 
 /// What makes two launches identical: equal keys replay the same graph.

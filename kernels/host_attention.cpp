@@ -7,7 +7,8 @@
 //       block, for all query heads of the GQA group at once (K/V converted once per block).
 //   V2: the same pass per partition of P tokens, writing fp32 partials (m_p, l_p, acc_p / l_p) into the
 //       caller's workspace as laid out by v2_workspace_layout; then a merge per (sequence, query head)
-//       in fixed partition order, w_p = l_p exp(m_p - M). A single partition is copied.
+//       in the merge kernel's fixed order (kernels/merge_policy.hpp), w_p = l_p exp(m_p - M). A
+//       single partition is copied.
 // fp32 accumulation throughout. Rows with seq_len 0 (executor padding) leave out untouched. q and
 // out rows honour q_stride / out_stride (e.g. q inside a fused QKV buffer).
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "decodegraph/error.hpp"
 #include "decodegraph/numeric.hpp"
 #include "kernels/decode_math.hpp"
+#include "kernels/merge_policy.hpp"
 #include "kernels/validate.hpp"
 
 namespace decodegraph::host {
@@ -292,25 +294,13 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
       }
     }
 
-    // Pass 2: merge in fixed partition order.
+    // Pass 2: the kernel's merge, in its order (kernels/merge_policy.hpp).
     for (int qh = 0; qh < H; ++qh) {
       const int64_t row = seq * detail::out_row_stride(a) + static_cast<int64_t>(qh) * hs;
       const int64_t base = math::partial_index(seq, qh, 0, H, w.max_partitions);
-      if (parts == 1) {
-        for (int d = 0; d < hs; ++d) out[row + d] = E::store(partial_out[base * hs + d]);
-        continue;
-      }
-      float M = math::neg_inf();
-      for (int p = 0; p < parts; ++p) M = std::max(M, max_logits[base + p]);
-      std::fill(merged.begin(), merged.end(), 0.0f);
-      float W = 0.0f;
-      for (int p = 0; p < parts; ++p) {
-        const float wp = math::partition_weight(max_logits[base + p], exp_sums[base + p], M);
-        W += wp;
-        const float* po = partial_out + (base + p) * hs;
-        for (int d = 0; d < hs; ++d) merged[d] += wp * po[d];
-      }
-      for (int d = 0; d < hs; ++d) out[row + d] = E::store(math::normalise(merged[d], W));
+      kernels::merge_row_in_kernel_order(max_logits + base, exp_sums + base, partial_out + base * hs, parts, hs,
+                                         merged.data());
+      for (int d = 0; d < hs; ++d) out[row + d] = E::store(merged[d]);
     }
   }
 }

@@ -5,15 +5,20 @@
 // where o_p = acc_p / l_p is the normalised partial output. A single partition is copied (o_0 is
 // already the answer: no extra rounding).
 //
-// Mapping. Grid: x = query head, y = sequence. Block = head_size rounded up to a warp (<= 256);
-// thread d owns output element d. Weights are computed cooperatively in chunks of kChunk partitions
-// into shared memory, then every thread folds them in partition order, so the result is
-// deterministic and every thread sees the same sum of weights.
+// Mapping. Grid: x = query head, y = sequence, z = slice of 32 head elements (merge_slices). A block
+// is G groups of 8 threads (merge_groups: one group per partition up to 32). Thread j of group g
+// owns float4 column j of the slice; group g folds partitions g, g + G, ..., loading kMergeUnroll
+// of them (m_p, l_p and its 16-byte column) before it folds them, so a thread has 8 partials' loads
+// in flight instead of the serial chain a single fold would be. The groups' sums meet in a fixed
+// binary tree: two warp shuffle levels, then the warps' sums through shared memory, folded by
+// group 0. The order (kernels/merge_policy.hpp) depends on n alone, so the result is deterministic
+// and the same for every launch size: eager == graph, and the host implementation folds the same way.
 //
 // Output rows are out_stride elements apart (heads contiguous within a row).
 //
 // Assumptions. Pass 1 wrote partitions 0..n-1 of each live row (the same seq_lens, clamped to
-// max_seq_len the same way). Partitions >= n are never read: pass 1 skipped them.
+// max_seq_len the same way). Partitions >= n are never read: pass 1 skipped them. partial_out is
+// 16-byte aligned (the workspace's sub-buffers are 256-byte aligned) and head_size a multiple of 16.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,23 +30,40 @@
 #include "kernels/decode_math.hpp"
 #include "kernels/decode_params.cuh"
 #include "kernels/dtype_traits.cuh"
+#include "kernels/merge_policy.hpp"
 
 namespace decodegraph::kernels {
 
-inline constexpr int kMergeChunk = 256;
-inline constexpr int kMergeMaxThreads = 256;
+inline constexpr int kMergeMaxThreads = kMergeFolds * kMergeSliceCols;
+inline constexpr int kMergeMaxWarps = kMergeMaxThreads / 32;
 
 // ---------------------------------------------------------------- device body
 
+__device__ __forceinline__ float4 merge_add4(float4 a, float4 b) {
+  return float4{a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w};
+}
+
+__device__ __forceinline__ float4 merge_shfl_xor4(float4 v, int off) {
+  return float4{__shfl_xor_sync(0xffffffffu, v.x, off), __shfl_xor_sync(0xffffffffu, v.y, off),
+                __shfl_xor_sync(0xffffffffu, v.z, off), __shfl_xor_sync(0xffffffffu, v.w, off)};
+}
+
 template <typename T>
 __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
-  __shared__ float s_w[kMergeChunk];
-  __shared__ float s_warp_max[kMergeMaxThreads / 32];
+  __shared__ float4 s_acc[kMergeMaxWarps][kMergeSliceCols];
+  __shared__ float s_wsum[kMergeMaxWarps];
+  __shared__ float s_warp_max[kMergeMaxWarps];
 
   const int q_head = blockIdx.x;
   const int seq = blockIdx.y;
   const int tid = threadIdx.x;
   const int D = p.head_size;
+  const int groups = blockDim.x / kMergeSliceCols;
+  const int warps = blockDim.x / 32;
+  const int g = tid / kMergeSliceCols;
+  const int j = tid % kMergeSliceCols;
+  const int col = blockIdx.z * kMergeSliceCols + j;  // float4 column of the row
+  const bool has_col = col * 4 < D;
 
   // NOTE(graph): same length, same clamp as pass 1; block-uniform exits before any barrier.
   int len = p.seq_lens[seq];
@@ -49,38 +71,121 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
   if (len <= 0) return;  // padded row: output untouched
   const int n = (len + p.partition_size - 1) / p.partition_size;
   const int64_t base = math::partial_index(seq, q_head, 0, p.num_q_heads, p.max_partitions);
-  T* out = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D;
+  const float* m_row = p.max_logits + base;
+  const float* l_row = p.exp_sums + base;
+  const float4* o_col = reinterpret_cast<const float4*>(p.partial_out + base * D) + col;  // column of partition 0
+  const int row4 = D / 4;  // float4s per partial row
+  T* out = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D + col * 4;
 
   if (n == 1) {
-    if (tid < D) out[tid] = from_float<T>(p.partial_out[base * D + tid]);
+    if (g == 0 && has_col) {
+      const float4 v = __ldg(o_col);
+      out[0] = from_float<T>(v.x);
+      out[1] = from_float<T>(v.y);
+      out[2] = from_float<T>(v.z);
+      out[3] = from_float<T>(v.w);
+    }
     return;
   }
 
-  // Global max (exact in any order).
+  // This thread's first kMergeUnroll partitions of its fold (v = g: partitions g, g + groups, ...;
+  // groups >= min(n, 32), so the launch's group count changes which thread folds, never what is
+  // folded). They do not depend on M, so their loads are issued before the max is known: with
+  // n <= groups x kMergeUnroll (256 partitions at 32 groups) one round trip serves the whole merge.
+  float m[kMergeUnroll], l[kMergeUnroll];
+  float4 o[kMergeUnroll];
+  const auto load = [&](int first) {
+#pragma unroll
+    for (int k = 0; k < kMergeUnroll; ++k) {
+      const unsigned part = static_cast<unsigned>(first + k * groups);
+      const bool live = part < static_cast<unsigned>(n);
+      m[k] = live ? __ldg(m_row + part) : math::neg_inf();
+      l[k] = live ? __ldg(l_row + part) : 0.0f;
+      o[k] = live && has_col ? __ldg(o_col + part * static_cast<unsigned>(row4)) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+  };
+  load(g);
+
+  // Global max (exact in any order): the prefetched maxima cover partitions below groups x
+  // kMergeUnroll; longer rows read the rest.
   float mx = math::neg_inf();
-  for (int i = tid; i < n; i += blockDim.x) mx = fmaxf(mx, p.max_logits[base + i]);
+#pragma unroll
+  for (int k = 0; k < kMergeUnroll; ++k) mx = fmaxf(mx, m[k]);
+  for (int i = groups * kMergeUnroll + tid; i < n; i += blockDim.x) mx = fmaxf(mx, __ldg(m_row + i));
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   if (tid % 32 == 0) s_warp_max[tid / 32] = mx;
   __syncthreads();
   float M = math::neg_inf();
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) M = fmaxf(M, s_warp_max[w]);
+  for (int w = 0; w < warps; ++w) M = fmaxf(M, s_warp_max[w]);
 
-  float acc = 0.0f;
+  float4 acc = float4{0.0f, 0.0f, 0.0f, 0.0f};
   float wsum = 0.0f;
-  for (int c0 = 0; c0 < n; c0 += kMergeChunk) {
-    const int cn = n - c0 < kMergeChunk ? n - c0 : kMergeChunk;
-    __syncthreads();  // previous chunk consumed
-    for (int i = tid; i < cn; i += blockDim.x)
-      s_w[i] = math::partition_weight(p.max_logits[base + c0 + i], p.exp_sums[base + c0 + i], M);
-    __syncthreads();
-    for (int i = 0; i < cn; ++i) {
-      const float w = s_w[i];
-      wsum += w;
-      if (tid < D) acc = fmaf(w, p.partial_out[(base + c0 + i) * D + tid], acc);
+  for (int first = g;;) {
+#pragma unroll
+    for (int k = 0; k < kMergeUnroll; ++k) {
+      // math::partition_weight, with the exp computed unconditionally so that it predicates
+      // instead of branching (its value is discarded where m = -inf).
+      const float e = expf(m[k] - M);
+      const float w = m[k] == math::neg_inf() ? 0.0f : l[k] * e;
+      if (first + k * groups < n) {  // skipped, not added as zero: the order is n's alone
+        wsum += w;
+        acc.x = fmaf(w, o[k].x, acc.x);
+        acc.y = fmaf(w, o[k].y, acc.y);
+        acc.z = fmaf(w, o[k].z, acc.z);
+        acc.w = fmaf(w, o[k].w, acc.w);
+      }
+    }
+    first += groups * kMergeUnroll;
+    if (first >= n) break;
+    load(first);
+  }
+
+  // The tree: levels 0 and 1 between the four groups of a warp.
+  const int used = n < kMergeFolds ? n : kMergeFolds;
+#pragma unroll
+  for (int level = 0; level < 2; ++level) {
+    const int off = kMergeSliceCols << level;
+    const float4 other = merge_shfl_xor4(acc, off);
+    const float other_w = __shfl_xor_sync(0xffffffffu, wsum, off);
+    if (merge_tree_adds(level, g, used)) {
+      acc = merge_add4(acc, other);
+      wsum += other_w;
     }
   }
-  if (tid < D) out[tid] = from_float<T>(math::normalise(acc, wsum));
+  // Levels 2.. between the warps' sums (group 4w holds warp w's), folded by group 0.
+  if (warps > 1) {
+    if (g % kMergeGroupsPerWarp == 0) {
+      s_acc[tid / 32][j] = acc;
+      if (j == 0) s_wsum[tid / 32] = wsum;
+    }
+    __syncthreads();
+    if (g == 0) {
+      float4 a[kMergeMaxWarps];
+      float ws[kMergeMaxWarps];
+#pragma unroll
+      for (int w = 0; w < kMergeMaxWarps; ++w) {
+        a[w] = w < warps ? s_acc[w][j] : float4{0.0f, 0.0f, 0.0f, 0.0f};
+        ws[w] = w < warps ? s_wsum[w] : 0.0f;
+      }
+#pragma unroll
+      for (int step = 1; step < kMergeMaxWarps; step *= 2)
+#pragma unroll
+        for (int w = 0; w + step < kMergeMaxWarps; w += 2 * step)
+          if ((w + step) * kMergeGroupsPerWarp < used) {  // merge_tree_adds at level 2 + log2(step)
+            a[w] = merge_add4(a[w], a[w + step]);
+            ws[w] += ws[w + step];
+          }
+      acc = a[0];
+      wsum = ws[0];
+    }
+  }
+  if (g == 0 && has_col) {
+    out[0] = from_float<T>(math::normalise(acc.x, wsum));
+    out[1] = from_float<T>(math::normalise(acc.y, wsum));
+    out[2] = from_float<T>(math::normalise(acc.z, wsum));
+    out[3] = from_float<T>(math::normalise(acc.w, wsum));
+  }
 }
 
 // ---------------------------------------------------------------- kernel
@@ -94,8 +199,9 @@ __global__ void __launch_bounds__(kMergeMaxThreads) MergePartitionsKernel(const 
 
 template <typename T>
 void launch_merge_partitions(const MergeParams& p, cudaStream_t stream) {
-  const int threads = (p.head_size + 31) / 32 * 32;
-  const dim3 grid(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs));
+  const int threads = merge_threads(p.max_partitions);
+  const dim3 grid(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs),
+                  static_cast<unsigned>(merge_slices(p.head_size)));
   if (fault::should_fail(fault::Site::kKernelLaunch))
     fault::throw_injected(fault::Site::kKernelLaunch, "launch of MergePartitionsKernel");
   MergePartitionsKernel<T><<<grid, threads, 0, stream>>>(p);

@@ -62,11 +62,16 @@ enum class MemorySpace : int { kHost = 0, kDevice = 1 };
 
 /// How each bucket's kernel and partition size are chosen (docs/planning.md). Above v2_threshold every
 /// policy runs V2.
-///  kAuto:      V1 where one block per (sequence, KV head chunk) already fills the GPU's resident
-///              slots (target_blocks), else V2 with partitions that fill them at the band's lower edge.
-///  kThreshold: V1 up to v2_threshold, V2 above (the seed's rule), with kAuto's partitions.
-///  kMeasured:  times candidate graphs (V1, V2 at partition sizes around kAuto's) when a bucket is
-///              first captured and keeps the fastest; the plan records each candidate's time.
+///  kAuto:      by predicted time: a cost model (KV and partials bytes against the read roof, waves of
+///              blocks over the resident slots, the merge, kernel floors and launch gaps) scores V1
+///              and V2 at many partition sizes at the band's lower edge, middle and upper edge, and
+///              keeps the candidate with the least worst-case regret (predicted time over the best
+///              candidate's at that length).
+///  kThreshold: the plain rule, no model: V1 up to v2_threshold, V2 above (the seed's rule), with
+///              partitions that fill target_blocks at the band's lower edge.
+///  kMeasured:  times candidate graphs (V1, V2 at kAuto's partition size, half and twice it) when a
+///              bucket is first captured and keeps the fastest: the ground truth. The plan records
+///              each candidate's time beside the model's prediction.
 enum class KernelPolicy : int { kAuto = 0, kThreshold = 1, kMeasured = 2 };
 
 /// Where a step's band is chosen (docs/executor.md, "Band choice: kHost and kDevice").
@@ -110,20 +115,32 @@ inline constexpr ValidationLevel kDefaultValidation = ValidationLevel::kFull;
 
 /// Why a plan runs its kernel.
 enum class PlanReason : int {
-  kFillsGpu = 0,        // kAuto, V1: one partition per (sequence, KV head chunk) reaches target_blocks
-  kUnderfills = 1,      // kAuto, V2: V1 would leave resident slots idle
-  kAboveThreshold = 2,  // V2: band_hi > v2_threshold (every policy)
+  // 0 and 1 were kAuto's fill rule (kFillsGpu, kUnderfills) before the cost model.
+  kAboveThreshold = 2,  // kThreshold, V2: band_hi > v2_threshold
   kThresholdRule = 3,   // kThreshold, V1: band_hi <= v2_threshold
   kMeasuredFastest = 4, // kMeasured: the fastest candidate
   kNotMeasured = 5,     // kMeasured, before the bucket's first capture: kAuto's choice, for now
+  kLeastRegret = 6,     // kAuto: the least predicted worst-case regret over the band (V2 only above
+                        // v2_threshold)
 };
 const char* to_string(PlanReason reason);
+
+/// What the cost model (docs/planning.md, "The cost model") predicts for one attention call of a
+/// plan's launch when every sequence of the batch has `len` tokens. Predictions, not measurements.
+struct PlanPrediction {
+  int len = 0;
+  double us = -1;          // microseconds of one attention call (every kernel of one layer)
+  double roof_share = 0;   // bench's bytes model (K+V, q, out, V2 partials) / (us x the model's read bandwidth)
+};
 
 /// One launch kMeasured times for a bucket.
 struct PlanCandidate {
   KernelKind kernel = KernelKind::kV1;
   int partition_size = 0;  // V2
   double us = -1;          // microseconds per replay of every layer's attention; -1: not measured
+  /// The model's microseconds for what `us` measures (num_layers attention calls), with every
+  /// sequence at the band's middle: us / predicted_us - 1 is the model's error for this candidate.
+  double predicted_us = -1;
 };
 
 /// Index of a batch bucket in config().batch_buckets: 0, 1, 2, ... Not a batch size (a size is what
@@ -144,7 +161,8 @@ struct BucketPlan {
   int partition_size = 0;  // V2 only
   int max_partitions = 0;  // V2 only
   int grid_x = 0, grid_y = 0, grid_z = 0;     // attention (V1 or V2 pass 1) grid
-  int merge_grid_x = 0, merge_grid_y = 0;     // V2 pass 2 grid
+  int merge_grid_x = 0, merge_grid_y = 0;     // V2 pass 2 grid: query heads, batch,
+  int merge_grid_z = 0;                       // and slices of 32 head elements
   std::size_t workspace_bytes = 0;            // V2 partials
   /// Longest length the launches are sized for (their max_seq_len): band_hi for V2; for V1 the
   /// largest V1 band edge, min(v2_threshold, max_seq_len), so that the V1 launches of a batch bucket
@@ -157,7 +175,18 @@ struct BucketPlan {
   int target_blocks = 0;           // resident pass-1 blocks of the device model
   int live_blocks_at_band_lo = 0;  // pass-1 blocks with work when every sequence has design_len tokens
   double waves = 0;                // blocks / target_blocks: the launch's size in resident slots
-  PlanReason reason = PlanReason::kFillsGpu;
+  /// The cost model's prediction for this plan's launch with every sequence at the band's lower edge
+  /// (band_lo + 1 tokens; the first band: max(1, band_hi / 2), as design_len), its middle and its
+  /// upper edge (band_hi): the lengths kAuto scores. Set for every policy; predicted_hi.us is the
+  /// plan's predicted microseconds per attention call, and predicted_hi.roof_share its predicted
+  /// share of the roof.
+  PlanPrediction predicted_lo, predicted_mid, predicted_hi;
+  /// kAuto: the chosen launch's worst-case regret over those lengths (its predicted time over the
+  /// best candidate's at the same length, minus 1; 0 when it is the best at all three), and how many
+  /// candidates were scored. 0 under the other policies.
+  double predicted_regret = 0;
+  int candidates_scored = 0;
+  PlanReason reason = PlanReason::kLeastRegret;
   /// Index of the graph this bucket replays (ExecutorStats::graphs[].graph_id); buckets with identical
   /// launches share one. -1: not decided yet (kMeasured, before the bucket's first capture).
   int graph_id = -1;
@@ -220,9 +249,9 @@ struct ExecutorConfig {
   /// Captured batch sizes, increasing, ending at max_batch. Empty: 1, 2, 4, 8, then steps of 8 up to
   /// 256 and of 16 beyond, capped at max_batch (which is always a bucket).
   std::vector<int> batch_buckets;
-  /// V2 partition size: a multiple of block_size, or 0 for "auto" (per bucket: balanced partitions,
-  /// at least 256 tokens, enough of them to fill target_blocks at the band's lower edge; see
-  /// docs/planning.md).
+  /// V2 partition size: a multiple of block_size, or 0 for "auto" (per bucket, by the policy: kAuto's
+  /// cost model, kThreshold's balanced partitions of at least 256 tokens that fill target_blocks at
+  /// the band's lower edge; see docs/planning.md).
   int partition_size = 0;
   KernelPolicy policy = KernelPolicy::kAuto;
   /// The GPU the plans are made for; zero fields are queried (CUDA) or modelled (host: an H200).
@@ -517,9 +546,10 @@ std::vector<BucketPlan> plan_buckets(const ExecutorConfig& config);
 /// `min_parts`, the minimum.
 int balanced_partition_size(int design_len, int min_parts, int block_size);
 
-/// kAuto's V2 partition size for a bucket of `batch` sequences over (band_hi / 2, band_hi] with
-/// `num_sms` SMs and the host model's blocks per SM. Kept for existing callers; use plan_buckets() or
-/// Executor::plan_for_batch(), which know the bands and the device model.
+/// The fill rule's V2 partition size (kThreshold's; kAuto's before the cost model) for a bucket of
+/// `batch` sequences over (band_hi / 2, band_hi] with `num_sms` SMs and the host model's blocks per
+/// SM. Kept for existing callers; use plan_buckets() or Executor::plan_for_batch(), which know the
+/// bands, the device model and the policy.
 [[deprecated("use plan_buckets() or Executor::plan_for_batch()")]]
 int auto_partition_size(const AttentionSpec& spec, int batch, int band_hi, int num_sms);
 

@@ -1,10 +1,14 @@
 // Planning, host-only (no step runs): default bands and buckets, head chunks, the balanced partition
-// size, table-driven plans worked out by hand on a fixed H200 device model (132 SMs x 5 blocks), the
-// plans' invariants as property tests over random shapes, device models and band edges, graph
+// size, the fill rule's plans (kThreshold) worked out by hand on a fixed H200 device model (132 SMs x
+// 5 blocks), kAuto's cost-model plans (the candidates it scores, by hand; the plan it keeps is the
+// least worst-case regret; where the model's arithmetic decides by itself, V1 or one partition),
+// the plans' invariants as property tests over random shapes, device models and band edges, graph
 // sharing, the device model's defaults, the plan table, and plan lookup by index or by size.
+// The cost model's own arithmetic is checked by hand in test_cost_model.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -14,6 +18,8 @@
 
 #include "decodegraph/error.hpp"
 #include "exec_world.hpp"
+#include "executor/cost_model.hpp"
+#include "executor/plan.hpp"
 #include "kernels/occupancy.hpp"
 
 namespace {
@@ -108,7 +114,12 @@ TEST(Plan, BalancedPartitionSizeByHand) {
   EXPECT_THROW(balanced_partition_size(0, 1, 16), Error);
 }
 
-// ---------------------------------------------------------------- table-driven plans (kAuto)
+// ---------------------------------------------------------------- the fill rule (kThreshold), by hand
+
+// kThreshold keeps the plain rule, no model: V1 up to v2_threshold; above it V2 with the balanced P
+// that fills target_blocks at the band's lower edge (kAuto's rule before the cost model, so these
+// tables, worked out by hand for it, now pin kThreshold). With v2_threshold = 512 every band above
+// (0, 512] is V2 under the fill rule.
 
 struct Row {
   int batch;
@@ -129,10 +140,10 @@ struct ShapeTable {
 constexpr KernelKind V1 = KernelKind::kV1;
 constexpr KernelKind V2 = KernelKind::kV2;
 
-// target = 132 x 5 = 660. Blocks per partition ("per") = batch x kv heads x head chunks; kAuto runs
-// V1 only where per >= 660 (and band_hi <= 8192). V2 needs ceil(660 / per) partitions at the lower
-// edge L, with partitions of at least 256 tokens; P = round_up(ceil(L / k), 16) for the smallest
-// k >= need that still gives need partitions (or 256 when L / 256 is fewer).
+// target = 132 x 5 = 660. Blocks per partition ("per") = batch x kv heads x head chunks. V2 needs
+// ceil(660 / per) partitions at the lower edge L, with partitions of at least 256 tokens;
+// P = round_up(ceil(L / k), 16) for the smallest k >= need that still gives need partitions (or 256
+// when L / 256 is fewer).
 // Rows that share "per" share every number, which is why some shapes repeat others' rows.
 std::vector<Row> per8() {  // per = 8 x batch: llama3-8b (8 kv), 40q/8kv
   return {
@@ -158,7 +169,7 @@ std::vector<Row> per8() {  // per = 8 x batch: llama3-8b (8 kv), 40q/8kv
       {16, 8192, V2, 688, 12, 1536, 768},
       {16, 16384, V2, 1376, 12, 1536, 768},
       {16, 65536, V2, 5472, 12, 1536, 768},
-      // batch 64: per 512 < 660, so even here V1 would leave slots idle; need 2: P = L / 2.
+      // batch 64: per 512 < 660: need 2: P = L / 2.
       {64, 1024, V2, 256, 4, 2048, 1024},
       {64, 4096, V2, 1024, 4, 2048, 1024},
       {64, 8192, V2, 2048, 4, 2048, 1024},
@@ -202,12 +213,11 @@ std::vector<ShapeTable> tables() {
                    {64, 65536, V2, 2992, 22, 1408, 704},
                }});
   // MHA 32/32: per = 32 x batch, so batch b plans like per8()'s batch 4b, until batch 64: per 2048
-  // >= 660 runs V1 up to the threshold; above it V2 needs one partition: P = L, two at band_hi.
+  // >= 660 needs one partition at L: P = L, two at band_hi.
   std::vector<Row> mha;
   for (const Row& r : per8())
     if (r.batch >= 4) mha.push_back({r.batch / 4, r.band_hi, r.kernel, r.p, r.parts, r.blocks, r.live});
-  for (int hi : {1024, 4096, 8192}) mha.push_back({64, hi, V1, 0, 1, 2048, 2048});
-  mha.push_back({64, 16384, V2, 8192, 2, 4096, 2048});
+  for (int hi : {1024, 4096, 8192, 16384}) mha.push_back({64, hi, V2, hi / 2, 2, 4096, 2048});
   mha.push_back({64, 65536, V2, 32768, 2, 4096, 2048});
   t.push_back({"mha", make_spec(32, 32), mha});
   // 32q/1kv: a group of 32 is two chunks of 16 heads, per = 2 x batch: batch b plans like per8()'s
@@ -223,9 +233,11 @@ std::vector<ShapeTable> tables() {
   return t;
 }
 
-TEST(Plan, TableDrivenAutoPlansOnTheH200Model) {
+TEST(Plan, TableDrivenFillRulePlansOnTheH200Model) {
   for (const ShapeTable& t : tables()) {
-    const std::vector<BucketPlan> plans = plan_buckets(plan_config(t.spec, 64, 131072, KernelPolicy::kAuto));
+    ExecutorConfig c = plan_config(t.spec, 64, 131072, KernelPolicy::kThreshold);
+    c.v2_threshold = 512;
+    const std::vector<BucketPlan> plans = plan_buckets(c);
     ASSERT_EQ(plans.size(), 11u * 9u) << t.name;  // buckets 1 2 4 8 16 24 .. 64; bands 512 .. 131072
     for (const Row& r : t.rows) {
       const BucketPlan& p = find_plan(plans, r.batch, r.band_hi);
@@ -240,70 +252,72 @@ TEST(Plan, TableDrivenAutoPlansOnTheH200Model) {
       EXPECT_EQ(p.target_blocks, 660) << where;
       EXPECT_EQ(p.design_len, p.band_hi / 2) << where;  // every band here doubles
       EXPECT_DOUBLE_EQ(p.waves, r.blocks / 660.0) << where;
-      EXPECT_EQ(p.reason, r.kernel == V1                ? PlanReason::kFillsGpu
-                          : r.band_hi > 8192            ? PlanReason::kAboveThreshold
-                                                        : PlanReason::kUnderfills)
-          << where;
+      EXPECT_EQ(p.reason, PlanReason::kAboveThreshold) << where;
     }
   }
 }
 
-// The boundary: V1 from exactly one block per resident slot.
-TEST(Plan, AutoRunsV1FromExactlyTheTarget) {
-  ExecutorConfig c = plan_config(make_spec(32, 8), 1, 4096, KernelPolicy::kAuto);
-  c.device_model = {1, 8};  // target 8 = 1 sequence x 8 KV heads
-  for (const BucketPlan& p : plan_buckets(c)) EXPECT_EQ(p.kernel, V1) << p.band_hi;
-  c.device_model = {1, 9};  // target 9: V1 leaves a slot idle; V2 needs 2 partitions, P = L / 2
-  const auto plans = plan_buckets(c);
-  EXPECT_EQ(find_plan(plans, 1, 4096).kernel, V2);
-  EXPECT_EQ(find_plan(plans, 1, 4096).partition_size, 1024);
-  EXPECT_EQ(find_plan(plans, 1, 4096).live_blocks_at_band_lo, 16);
-}
-
-TEST(Plan, ThresholdPolicyIsTheSeedRuleWithAutoPartitions) {
+TEST(Plan, ThresholdPolicyIsTheSeedRuleWithFillPartitions) {
   const AttentionSpec s = make_spec(32, 8);
-  const auto aut = plan_buckets(plan_config(s, 64, 131072, KernelPolicy::kAuto));
   const auto thr = plan_buckets(plan_config(s, 64, 131072, KernelPolicy::kThreshold));
-  ASSERT_EQ(aut.size(), thr.size());
-  for (std::size_t i = 0; i < thr.size(); ++i) {
-    EXPECT_EQ(thr[i].kernel, thr[i].band_hi <= 8192 ? V1 : V2) << thr[i].band_hi;
-    if (thr[i].kernel == V2) {
-      EXPECT_EQ(thr[i].partition_size, aut[i].partition_size);
-      EXPECT_EQ(thr[i].reason, PlanReason::kAboveThreshold);
+  for (const BucketPlan& p : thr) {
+    EXPECT_EQ(p.kernel, p.band_hi <= 8192 ? V1 : V2) << p.band_hi;
+    if (p.kernel == V2) {
+      // The fill rule, from its definition: ceil(660 / per) balanced partitions at the lower edge.
+      const int need = static_cast<int>((660 + 8 * p.batch - 1) / (8 * p.batch));
+      EXPECT_EQ(p.partition_size, balanced_partition_size(p.design_len, need, 16)) << p.batch << " " << p.band_hi;
+      EXPECT_EQ(p.reason, PlanReason::kAboveThreshold);
     } else {
-      EXPECT_EQ(thr[i].reason, PlanReason::kThresholdRule);
-      EXPECT_EQ(thr[i].blocks, 8 * thr[i].batch);  // one block per (sequence, KV head)
+      EXPECT_EQ(p.reason, PlanReason::kThresholdRule);
+      EXPECT_EQ(p.blocks, 8 * p.batch);  // one block per (sequence, KV head)
     }
+    EXPECT_GT(p.predicted_hi.us, 0) << "every policy's plans carry the model's prediction";
+    EXPECT_EQ(p.predicted_regret, 0);
+    EXPECT_EQ(p.candidates_scored, 0);
   }
-  // Batch 1 at 4K: kThreshold runs 8 blocks where kAuto runs 16 partitions x 8 = 128.
+  // Batch 1 at 4K: kThreshold runs 8 blocks.
   EXPECT_EQ(find_plan(thr, 1, 4096).blocks, 8);
-  EXPECT_EQ(find_plan(aut, 1, 4096).blocks, 128);
 }
 
 TEST(Plan, MeasuredPolicyStartsFromAutoAndListsItsCandidates) {
   const AttentionSpec s = make_spec(32, 8);
-  const auto aut = plan_buckets(plan_config(s, 16, 32768, KernelPolicy::kAuto));
-  const auto mea = plan_buckets(plan_config(s, 16, 32768, KernelPolicy::kMeasured));
+  ExecutorConfig c = plan_config(s, 16, 32768, KernelPolicy::kAuto);
+  c.num_layers = 3;
+  const auto aut = plan_buckets(c);
+  c.policy = KernelPolicy::kMeasured;
+  const auto mea = plan_buckets(c);
   for (std::size_t i = 0; i < mea.size(); ++i) {
     EXPECT_EQ(mea[i].kernel, aut[i].kernel);
     EXPECT_EQ(mea[i].partition_size, aut[i].partition_size);
     EXPECT_EQ(mea[i].reason, PlanReason::kNotMeasured);
     EXPECT_EQ(mea[i].graph_id, -1) << "decided only when measured";
   }
-  // Batch 16, band (4096, 8192]: kAuto's V2 P = 688; candidates V1, 688, 688 / 2 -> 336, 1376.
-  const BucketPlan& p = find_plan(mea, 16, 8192);
-  ASSERT_EQ(p.candidates.size(), 4u);
+  // Batch 1, band (4096, 8192]: kAuto runs V2 at P; the candidates are V1, P, half and twice it
+  // (each a multiple of the block size, at least 64 tokens, shorter than the band's longest).
+  const BucketPlan& p = find_plan(mea, 1, 8192);
+  ASSERT_EQ(p.kernel, V2);
+  const int P = p.partition_size;
+  std::vector<int> want = {P};
+  if (P / 2 / 16 * 16 >= 64) want.push_back(P / 2 / 16 * 16);
+  if (2 * P < 8192) want.push_back(2 * P);
+  ASSERT_EQ(p.candidates.size(), 1 + want.size());
   EXPECT_EQ(p.candidates[0].kernel, V1);
-  const std::vector<int> sizes = {p.candidates[1].partition_size, p.candidates[2].partition_size,
-                                  p.candidates[3].partition_size};
-  EXPECT_EQ(sizes, (std::vector<int>{688, 336, 1376}));
-  for (const PlanCandidate& c : p.candidates) EXPECT_EQ(c.us, -1);
-  // Above the threshold V1 is no candidate; at P = 256 (the minimum) half of it is none either:
-  // batch 1, band (8192, 16384]: 256 and 512.
-  const BucketPlan& q = find_plan(mea, 1, 16384);
-  ASSERT_EQ(q.candidates.size(), 2u);
-  EXPECT_EQ(q.candidates[0].partition_size, 256);
-  EXPECT_EQ(q.candidates[1].partition_size, 512);
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(p.candidates[k + 1].kernel, V2);
+    EXPECT_EQ(p.candidates[k + 1].partition_size, want[k]);
+  }
+  // Each candidate carries the model's time for what kMeasured times: 3 layers, every sequence at
+  // the band's middle (what that launch's plan predicts there, times the layers).
+  ExecutorConfig r = detail::resolve_planning(c);
+  for (const PlanCandidate& k : p.candidates) {
+    EXPECT_EQ(k.us, -1);
+    BucketPlan t = p;
+    detail::set_launch(t, r, k.kernel, k.partition_size);
+    EXPECT_DOUBLE_EQ(k.predicted_us, 3 * t.predicted_mid.us) << k.partition_size;
+    EXPECT_EQ(t.predicted_mid.len, 4097 + 2048);  // lower edge 4097, half the band past it
+  }
+  // Above the threshold V1 is no candidate.
+  for (const PlanCandidate& k : find_plan(mea, 1, 16384).candidates) EXPECT_EQ(k.kernel, V2);
 }
 
 // ---------------------------------------------------------------- invariants, as properties
@@ -315,6 +329,35 @@ int next_pow2(int v) {
 }
 long long cdiv(long long a, long long b) { return (a + b - 1) / b; }
 
+// Streaming blocks it takes to reach the model's roof: read bandwidth / one block's rate.
+long long roof_blocks() {
+  return static_cast<long long>(std::ceil(detail::kCostConstants.read_gbs / detail::kCostConstants.block_gbs));
+}
+
+// kAuto's plan against its own candidates: the regret recomputed here from the candidates'
+// predictions (the best time per length, the worst ratio), the plan's is the least.
+::testing::AssertionResult is_least_regret(const BucketPlan& p, const ExecutorConfig& resolved) {
+  const std::vector<detail::ScoredPlan> cands = detail::auto_candidates(p, resolved);
+  if (static_cast<int>(cands.size()) != p.candidates_scored)
+    return ::testing::AssertionFailure() << cands.size() << " candidates, the plan says " << p.candidates_scored;
+  double best[3] = {1e300, 1e300, 1e300};
+  auto at = [](const BucketPlan& b, int i) { return i == 0 ? b.predicted_lo.us : i == 1 ? b.predicted_mid.us : b.predicted_hi.us; };
+  for (const auto& c : cands)
+    for (int i = 0; i < 3; ++i) best[i] = std::min(best[i], at(c.plan, i));
+  double least = 1e300, mine = -1;
+  for (const auto& c : cands) {
+    double r = 0;
+    for (int i = 0; i < 3; ++i) r = std::max(r, at(c.plan, i) / best[i] - 1);
+    least = std::min(least, r);
+    if (c.plan.kernel == p.kernel && c.plan.partition_size == p.partition_size) mine = r;
+  }
+  if (mine < 0) return ::testing::AssertionFailure() << "the plan is none of its candidates";
+  if (std::fabs(mine - p.predicted_regret) > 1e-12)
+    return ::testing::AssertionFailure() << "regret " << p.predicted_regret << ", recomputed " << mine;
+  if (mine > least + 1e-9) return ::testing::AssertionFailure() << "regret " << mine << " > least " << least;
+  return ::testing::AssertionSuccess();
+}
+
 TEST(Plan, InvariantsHoldOverRandomShapesDeviceModelsAndBands) {
   std::mt19937_64 rng(20240611);
   const int heads[] = {64, 80, 96, 112, 128, 192, 256};
@@ -323,7 +366,7 @@ TEST(Plan, InvariantsHoldOverRandomShapesDeviceModelsAndBands) {
   const int groups[] = {1, 2, 4, 5, 8, 16, 20, 32};
   auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
   auto in = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  int v1_plans = 0, v2_plans = 0, capped = 0, shared = 0;
+  int v1_plans = 0, v2_plans = 0, fill_v2 = 0, capped = 0, shared = 0, v1_by_arithmetic = 0, one_part = 0;
   for (int trial = 0; trial < 300; ++trial) {
     const int kv = kvs[pick(5)];
     const int group = groups[pick(8)];
@@ -344,11 +387,13 @@ TEST(Plan, InvariantsHoldOverRandomShapesDeviceModelsAndBands) {
     c.device_model.blocks_per_sm = in(1, 32);
     const long long target = static_cast<long long>(c.device_model.num_sms) * c.device_model.blocks_per_sm;
     const int bs = s.block_size;
-    const long long min_p = cdiv(256, bs) * bs;
+    const long long min_p = cdiv(256, bs) * bs;       // the fill rule's
+    const long long auto_min_p = cdiv(64, bs) * bs;   // kAuto's shortest
     const int chunks = cdiv(group, next_pow2(std::min(group, 16)));
 
     c.policy = KernelPolicy::kAuto;
     const std::vector<BucketPlan> aut = plan_buckets(c);
+    const ExecutorConfig resolved = detail::resolve_planning(c);
     c.policy = KernelPolicy::kThreshold;
     const std::vector<BucketPlan> thr = plan_buckets(c);
     ASSERT_EQ(aut.size(), thr.size());
@@ -360,51 +405,89 @@ TEST(Plan, InvariantsHoldOverRandomShapesDeviceModelsAndBands) {
                                 " band (" + std::to_string(p.band_lo) + "," + std::to_string(p.band_hi) + "]";
       const long long per = static_cast<long long>(p.batch) * kv * chunks;
       const long long len = p.band_lo > 0 ? p.band_lo : std::max(1, p.band_hi / 2);
-      ASSERT_EQ(p.design_len, len) << where;
-      ASSERT_EQ(p.grid_y, kv * chunks) << where;
-      ASSERT_EQ(p.grid_z, p.batch) << where;
-      ASSERT_EQ(p.blocks, static_cast<long long>(p.grid_x) * p.grid_y * p.grid_z) << where;
-      ASSERT_EQ(p.target_blocks, target) << where;
-      // Every band above the threshold is V2, under both policies.
-      if (p.band_hi > c.v2_threshold) {
-        ASSERT_EQ(p.kernel, V2) << where;
-        ASSERT_EQ(thr[i].kernel, V2) << where;
+      for (const BucketPlan* q : {&p, &thr[i]}) {
+        ASSERT_EQ(q->design_len, len) << where;
+        ASSERT_EQ(q->grid_y, kv * chunks) << where;
+        ASSERT_EQ(q->grid_z, q->batch) << where;
+        ASSERT_EQ(q->blocks, static_cast<long long>(q->grid_x) * q->grid_y * q->grid_z) << where;
+        ASSERT_EQ(q->target_blocks, target) << where;
+        // Predictions at the band's three lengths, for both policies.
+        const int lo_len = q->band_lo > 0 ? q->band_lo + 1 : std::max(1, q->band_hi / 2);
+        ASSERT_EQ(q->predicted_lo.len, lo_len) << where;
+        ASSERT_EQ(q->predicted_mid.len, lo_len + (q->band_hi - lo_len + 1) / 2) << where;
+        ASSERT_EQ(q->predicted_hi.len, q->band_hi) << where;
+        for (const PlanPrediction* x : {&q->predicted_lo, &q->predicted_mid, &q->predicted_hi}) {
+          ASSERT_GT(x->us, 0) << where;
+          ASSERT_GT(x->roof_share, 0) << where;
+          // The K+V bytes, which come from DRAM, never beat the roof (the share itself counts q, out
+          // and the partials too, as bench does, and those can come from L2).
+          const double kv_bytes = 2.0 * q->batch * x->len * kv * s.head_size * static_cast<double>(dtype_size(s.dtype));
+          ASSERT_LE(kv_bytes / (x->us * detail::kCostConstants.read_gbs * 1000.0), 1.0 + 1e-9) << where;
+        }
+        if (q->kernel == V1) {
+          // A V1 launch never exceeds what the block table covers (max_seq_len) and covers the band.
+          ASSERT_GE(q->launch_len, q->band_hi) << where;
+          ASSERT_LE(q->launch_len, c.max_seq_len) << where;
+          ASSERT_EQ(q->workspace_bytes, 0u) << where;
+          ASSERT_EQ(q->live_blocks_at_band_lo, per) << where;
+        } else {
+          ASSERT_EQ(q->partition_size % bs, 0) << where;
+          ASSERT_EQ(q->max_partitions, cdiv(q->band_hi, q->partition_size)) << where;
+          ASSERT_EQ(q->launch_len, q->band_hi) << where;
+          ASSERT_EQ(q->workspace_bytes, v2_workspace_size(s, q->batch, q->band_hi, q->partition_size)) << where;
+        }
       }
-      // kThreshold is the seed's rule; its partitions are kAuto's.
+      // Every band above the threshold is V2, under both policies; kThreshold is the seed's rule.
+      if (p.band_hi > c.v2_threshold) ASSERT_EQ(p.kernel, V2) << where;
       ASSERT_EQ(thr[i].kernel, p.band_hi <= c.v2_threshold ? V1 : V2) << where;
-      if (thr[i].kernel == V2) ASSERT_EQ(thr[i].partition_size, p.partition_size) << where;
-      if (p.kernel == V1) {
-        ++v1_plans;
-        // kAuto runs V1 only where one partition reaches the target; its launch never exceeds what the
-        // block table covers (max_seq_len) and covers the band.
-        ASSERT_GE(per, target) << where;
-        ASSERT_EQ(p.live_blocks_at_band_lo, per) << where;
-        ASSERT_GE(p.launch_len, p.band_hi) << where;
-        ASSERT_LE(p.launch_len, c.max_seq_len) << where;
-        ASSERT_EQ(p.workspace_bytes, 0u) << where;
-      } else {
-        ++v2_plans;
-        const long long P = p.partition_size;
-        ASSERT_EQ(P % bs, 0) << where;
+
+      // kThreshold's V2: the fill rule.
+      if (thr[i].kernel == V2) {
+        ++fill_v2;
+        const long long P = thr[i].partition_size;
         ASSERT_GE(P, min_p) << where;
-        ASSERT_EQ(p.max_partitions, cdiv(p.band_hi, P)) << where;
-        ASSERT_EQ(p.launch_len, p.band_hi) << where;
-        ASSERT_EQ(p.workspace_bytes, v2_workspace_size(s, p.batch, p.band_hi, p.partition_size)) << where;
         // Balanced: P is the even split of L over its own partition count, rounded up to a block
         // (or the minimum partition): no partition but the last is longer than it needs to be.
         const long long n = cdiv(len, P);
         ASSERT_EQ(P, std::max(min_p, cdiv(cdiv(len, n), bs) * bs)) << where << " P " << P;
-        ASSERT_EQ(p.live_blocks_at_band_lo, n * per) << where;
+        ASSERT_EQ(thr[i].live_blocks_at_band_lo, n * per) << where;
         // Live blocks at the lower edge reach the target wherever the minimum partition allows it.
         const long long need = cdiv(target, per);
         if (cdiv(len, min_p) >= need)
-          ASSERT_GE(p.live_blocks_at_band_lo, target) << where << " P " << P;
+          ASSERT_GE(thr[i].live_blocks_at_band_lo, target) << where << " P " << P;
         else
           ++capped;
         // And with as few partitions as that takes: no longer balanced P also reaches it.
         for (long long q = P + bs; q <= cdiv(len, bs) * bs; q += bs) {
           const long long m = cdiv(len, q);
           if (q == std::max(min_p, cdiv(cdiv(len, m), bs) * bs)) ASSERT_LT(m, need) << where << " P " << P << " q " << q;
+        }
+      }
+
+      // kAuto: the least worst-case regret of its candidates.
+      ASSERT_EQ(p.reason, PlanReason::kLeastRegret) << where;
+      ASSERT_TRUE(is_least_regret(p, resolved)) << where;
+      if (p.kernel == V1) {
+        ++v1_plans;
+      } else {
+        ++v2_plans;
+        ASSERT_GE(p.partition_size, auto_min_p) << where;
+        ASSERT_LE(p.partition_size, cdiv(p.band_hi, bs) * bs) << where;
+      }
+      // Where the model's arithmetic decides by itself: with every block resident at once
+      // (per <= target) and enough of them to reach the roof (per >= roof_blocks), one block per
+      // (sequence, KV head chunk) streams at the roof from its first tile, the least any launch can
+      // do (pass 1 >= a block's fixed cost + bytes / roof). V1 does it with one kernel and no
+      // partials, so below the threshold it wins at every length; above it, V2 with one partition
+      // has the fewest partials and the shortest merge.
+      if (per <= target && per >= roof_blocks()) {
+        if (p.band_hi <= c.v2_threshold) {
+          ++v1_by_arithmetic;
+          ASSERT_EQ(p.kernel, V1) << where;
+          ASSERT_EQ(p.predicted_regret, 0) << where;
+        } else {
+          ++one_part;
+          ASSERT_EQ(p.max_partitions, 1) << where << " P " << p.partition_size;
         }
       }
       // Buckets that share a graph have identical launches; different graphs, different launches.
@@ -421,8 +504,8 @@ TEST(Plan, InvariantsHoldOverRandomShapesDeviceModelsAndBands) {
         ASSERT_EQ(g.max_partitions, p.max_partitions) << where;
         ASSERT_EQ(std::make_tuple(g.grid_x, g.grid_y, g.grid_z), std::make_tuple(p.grid_x, p.grid_y, p.grid_z))
             << where;
-        ASSERT_EQ(std::make_tuple(g.merge_grid_x, g.merge_grid_y),
-                  std::make_tuple(p.merge_grid_x, p.merge_grid_y))
+        ASSERT_EQ(std::make_tuple(g.merge_grid_x, g.merge_grid_y, g.merge_grid_z),
+                  std::make_tuple(p.merge_grid_x, p.merge_grid_y, p.merge_grid_z))
             << where;
         ASSERT_EQ(g.workspace_bytes, p.workspace_bytes) << where;
         ASSERT_EQ(g.launch_len, p.launch_len) << where;
@@ -434,8 +517,11 @@ TEST(Plan, InvariantsHoldOverRandomShapesDeviceModelsAndBands) {
   // The random cases covered every branch.
   EXPECT_GT(v1_plans, 100);
   EXPECT_GT(v2_plans, 100);
+  EXPECT_GT(fill_v2, 100);
   EXPECT_GT(capped, 10);
   EXPECT_GT(shared, 100);
+  EXPECT_GT(v1_by_arithmetic, 10);
+  EXPECT_GT(one_part, 10);
 }
 
 // ---------------------------------------------------------------- graph sharing
@@ -446,30 +532,51 @@ int distinct_graphs(const std::vector<BucketPlan>& plans) {
   return static_cast<int>(ids.size());
 }
 
+// Graphs a set of plans needs when V1 launches share one graph per batch bucket and V2 launches of
+// different bands never do (their launch_len is their own band_hi): counted from the kernels alone.
+int graphs_by_kernel(const std::vector<BucketPlan>& plans) {
+  std::map<int, std::pair<int, bool>> per_batch;  // batch -> (V2 plans, any V1)
+  for (const BucketPlan& p : plans) {
+    auto& [v2, v1] = per_batch[p.batch];
+    if (p.kernel == V2) ++v2;
+    else v1 = true;
+  }
+  int n = 0;
+  for (const auto& [batch, counts] : per_batch) n += counts.first + (counts.second ? 1 : 0);
+  return n;
+}
+
 TEST(Plan, V1BandsOfABatchBucketShareOneGraph) {
   // The README's configuration: llama3-8b-like, max_batch 64, max_seq_len 131072: 11 buckets x 9
   // bands = 99 plans. kThreshold: per batch bucket the 5 bands up to 8192 are V1 with one launch
-  // (sized for 8192), the 4 above are V2: 11 x (1 + 4) = 55 graphs. kAuto: at batch <= 64, 8 KV heads
-  // never fill 660 slots, so every bucket is V2 with its own partitions: 99 graphs.
+  // (sized for 8192), the 4 above are V2: 11 x (1 + 4) = 55 graphs.
   const AttentionSpec s = make_spec(32, 8);
   const auto thr = plan_buckets(plan_config(s, 64, 131072, KernelPolicy::kThreshold));
   const auto aut = plan_buckets(plan_config(s, 64, 131072, KernelPolicy::kAuto));
   EXPECT_EQ(thr.size(), 99u);
   EXPECT_EQ(distinct_graphs(thr), 55);
-  EXPECT_EQ(distinct_graphs(aut), 99);
   for (const BucketPlan& p : thr)
     if (p.kernel == V1) {
       EXPECT_EQ(p.launch_len, 8192);
       EXPECT_EQ(p.graph_id, find_plan(thr, p.batch, 512).graph_id) << p.batch << " " << p.band_hi;
     }
-  // max_batch 256: 35 buckets x 9 bands = 315 plans. kThreshold: 35 x 5 = 175 graphs. kAuto: buckets
-  // from 88 up (88 x 8 = 704 >= 660) run V1 below the threshold, sharing one graph per bucket: 22 such
-  // buckets (88, 96, .., 256) -> 22 x 5 + 13 x 9 = 227.
+  // kAuto: from batch 40 (40 x 8 = 320 blocks, at least the 266 that reach the model's roof, at most
+  // the 660 slots) V1 wins every band up to the threshold by the model's arithmetic (see the
+  // invariants test): buckets 40, 48, 56 and 64 each run their five V1 bands from one graph.
+  for (int batch : {40, 48, 56, 64})
+    for (int hi : {512, 1024, 2048, 4096, 8192}) {
+      const BucketPlan& p = find_plan(aut, batch, hi);
+      EXPECT_EQ(p.kernel, V1) << batch << " " << hi;
+      EXPECT_EQ(p.graph_id, find_plan(aut, batch, 512).graph_id) << batch << " " << hi;
+    }
+  EXPECT_EQ(distinct_graphs(aut), graphs_by_kernel(aut));
+  EXPECT_LE(distinct_graphs(aut), 99 - 4 * 4);
+  // max_batch 256: 35 buckets x 9 bands = 315 plans. kThreshold: 35 x 5 = 175 graphs.
   const auto thr256 = plan_buckets(plan_config(s, 256, 131072, KernelPolicy::kThreshold));
   const auto aut256 = plan_buckets(plan_config(s, 256, 131072, KernelPolicy::kAuto));
   EXPECT_EQ(thr256.size(), 315u);
   EXPECT_EQ(distinct_graphs(thr256), 175);
-  EXPECT_EQ(distinct_graphs(aut256), 227);
+  EXPECT_EQ(distinct_graphs(aut256), graphs_by_kernel(aut256));
 }
 
 // ---------------------------------------------------------------- the executor's plans
@@ -533,18 +640,35 @@ TEST(Plan, DeviceModelDefaultsToTheHostModelAndKeepsGivenFields) {
   EXPECT_EQ(half.config().device_model.blocks_per_sm, 3);
 }
 
-TEST(Plan, TableShowsTheNewColumnsAndWhy) {
+TEST(Plan, TableShowsThePredictionsAndWhy) {
   const AttentionSpec s = make_spec(32, 32);
   const auto plans = plan_buckets(plan_config(s, 64, 16384, KernelPolicy::kAuto));
   const std::string table = format_plan_table(plans);
-  for (const char* col : {"kernel", "blocks", "target", "live@lo", "waves", "graph", "why"})
+  for (const char* col : {"kernel", "blocks", "target", "live@lo", "waves", "pred us", "roof% lo/mid/hi", "graph", "why"})
     EXPECT_NE(table.find(col), std::string::npos) << col << "\n" << table;
   EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), static_cast<long>(plans.size()) + 1);
-  // Batch 64, (512, 1024]: 2048 blocks fill 660: V1. Batch 1: 32 of 660: V2.
-  EXPECT_EQ(describe_reason(find_plan(plans, 64, 1024)), "V1 fills the GPU: 2048 blocks >= target 660");
-  EXPECT_EQ(describe_reason(find_plan(plans, 1, 1024)),
-            "V1 fills 32 of 660 slots; V2: 64 blocks at 512 tokens, 128 at 1024");
-  EXPECT_EQ(describe_reason(find_plan(plans, 64, 16384)), "above the V1/V2 threshold: always V2");
+  // kAuto says it chose by predicted time, with the regret, the candidates and the three times.
+  for (const BucketPlan& p : plans) {
+    // The lengths: lower edge + 1 (the first band: half its upper edge), middle, upper edge.
+    EXPECT_EQ(p.predicted_lo.len, p.band == 0 ? p.band_hi / 2 : p.band_lo + 1);
+    char want[256];
+    std::snprintf(want, sizeof want,
+                  "predicted time: least worst-case regret (%+.1f %%) of %d candidates; %.1f / %.1f / %.1f us at "
+                  "%d / %d / %d tokens",
+                  100 * p.predicted_regret, p.candidates_scored, p.predicted_lo.us, p.predicted_mid.us,
+                  p.predicted_hi.us, p.predicted_lo.len, p.predicted_mid.len, p.band_hi);
+    EXPECT_EQ(describe_reason(p), want);
+    EXPECT_NE(table.find(want), std::string::npos) << want;
+  }
+  // kThreshold says it follows the plain rule.
+  const auto thr = plan_buckets(plan_config(s, 64, 16384, KernelPolicy::kThreshold));
+  EXPECT_EQ(describe_reason(find_plan(thr, 64, 1024)), "threshold rule: V1 up to the threshold");
+  EXPECT_EQ(describe_reason(find_plan(thr, 64, 16384)),
+            "threshold rule: V2 above the threshold, P fills 660 slots at 8192 tokens");
+  // The merge grid has a slice per 32 head elements: head 128 -> 4.
+  const BucketPlan& v2 = find_plan(thr, 64, 16384);
+  EXPECT_EQ(std::make_tuple(v2.merge_grid_x, v2.merge_grid_y, v2.merge_grid_z), std::make_tuple(32, 64, 4));
+  EXPECT_NE(format_plan_table({v2}).find("32,64,4"), std::string::npos);
 }
 
 // ---------------------------------------------------------------- plan lookup: index or size
