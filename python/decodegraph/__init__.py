@@ -41,6 +41,7 @@ from ._types import (
     LayerBuffers,
     MemoryReport,
     PlanCandidate,
+    PlanPrediction,
     StepResult,
     numpy_dtype,
 )
@@ -103,7 +104,7 @@ __all__ = [
     "AttentionSpec", "BackendKind", "BandSelect", "BucketPlan", "CapturePolicy", "CudaError",
     "DType", "DeviceModel", "Error", "Executor", "ExecutorConfig", "ExecutorStats", "GraphStats",
     "HostStaging", "InvalidArgument", "KVLayout", "KernelKind", "KernelPolicy", "LayerBuffers",
-    "MemoryReport", "OutOfMemory", "PlanCandidate", "PlanReason", "StepBody", "StepContext",
+    "MemoryReport", "OutOfMemory", "PlanCandidate", "PlanPrediction", "PlanReason", "StepBody", "StepContext",
     "StepResult", "SUPPORTED_BLOCK_SIZES", "SUPPORTED_HEAD_SIZES", "ValidationLevel",
     "__version__", "append_kv", "balanced_partition_size", "build_info", "built_with_cuda",
     "cuda_device_available", "default_band_edges", "default_batch_buckets", "fault",

@@ -39,12 +39,11 @@ class BandSelect(enum.Enum):
     DEVICE = 1
 
 class PlanReason(enum.Enum):
-    FILLS_GPU = 0
-    UNDERFILLS = 1
     ABOVE_THRESHOLD = 2
     THRESHOLD_RULE = 3
     MEASURED_FASTEST = 4
     NOT_MEASURED = 5
+    LEAST_REGRET = 6
 
 class FaultSite(enum.Enum):
     ALLOC = 0

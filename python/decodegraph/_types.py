@@ -231,13 +231,25 @@ class PlanCandidate:
     kernel: KernelKind
     partition_size: int
     us: float
+    predicted_us: float  # the cost model's microseconds for what ``us`` measures
+
+
+@dataclass
+class PlanPrediction:
+    """The cost model's microseconds per attention call, and share of the read roof, when every
+    sequence has ``len`` tokens (C++ ``PlanPrediction``). Predictions, not measurements."""
+
+    len: int
+    us: float
+    roof_share: float
 
 
 @dataclass
 class BucketPlan:
     """The plan of one bucket (batch bucket x length band), C++ ``BucketPlan``.
 
-    ``grid`` is the attention (V1 or V2 pass 1) grid (x, y, z), ``merge_grid`` V2's pass-2 grid;
+    ``grid`` is the attention (V1 or V2 pass 1) grid (x, y, z), ``merge_grid`` V2's pass-2 grid
+    (heads, sequences, 32-element slices); ``predicted_lo/mid/hi`` the cost model at the band's edges;
     ``reason_text`` is ``describe_reason``'s line. Lengths in (band_lo, band_hi] replay it.
     """
 
@@ -249,7 +261,7 @@ class BucketPlan:
     partition_size: int
     max_partitions: int
     grid: Tuple[int, int, int]
-    merge_grid: Tuple[int, int]
+    merge_grid: Tuple[int, int, int]
     workspace_bytes: int
     launch_len: int
     design_len: int
@@ -257,6 +269,11 @@ class BucketPlan:
     target_blocks: int
     live_blocks_at_band_lo: int
     waves: float
+    predicted_lo: PlanPrediction
+    predicted_mid: PlanPrediction
+    predicted_hi: PlanPrediction
+    predicted_regret: float
+    candidates_scored: int
     reason: PlanReason
     reason_text: str
     graph_id: int
@@ -266,6 +283,8 @@ class BucketPlan:
     def _from_core(cls, d: Dict[str, Any]) -> BucketPlan:
         d = dict(d)
         d["candidates"] = [PlanCandidate(**c) for c in d["candidates"]]
+        for k in ("predicted_lo", "predicted_mid", "predicted_hi"):
+            d[k] = PlanPrediction(**d[k])
         return cls(**d)
 
 

@@ -72,6 +72,15 @@ nb::dict to_py(const dg::PlanCandidate& c) {
   d["kernel"] = c.kernel;
   d["partition_size"] = c.partition_size;
   d["us"] = c.us;
+  d["predicted_us"] = c.predicted_us;
+  return d;
+}
+
+nb::dict to_py(const dg::PlanPrediction& p) {
+  nb::dict d;
+  d["len"] = p.len;
+  d["us"] = p.us;
+  d["roof_share"] = p.roof_share;
   return d;
 }
 
@@ -85,7 +94,7 @@ nb::dict to_py(const dg::BucketPlan& p) {
   d["partition_size"] = p.partition_size;
   d["max_partitions"] = p.max_partitions;
   d["grid"] = nb::make_tuple(p.grid_x, p.grid_y, p.grid_z);
-  d["merge_grid"] = nb::make_tuple(p.merge_grid_x, p.merge_grid_y);
+  d["merge_grid"] = nb::make_tuple(p.merge_grid_x, p.merge_grid_y, p.merge_grid_z);
   d["workspace_bytes"] = p.workspace_bytes;
   d["launch_len"] = p.launch_len;
   d["design_len"] = p.design_len;
@@ -93,6 +102,11 @@ nb::dict to_py(const dg::BucketPlan& p) {
   d["target_blocks"] = p.target_blocks;
   d["live_blocks_at_band_lo"] = p.live_blocks_at_band_lo;
   d["waves"] = p.waves;
+  d["predicted_lo"] = to_py(p.predicted_lo);
+  d["predicted_mid"] = to_py(p.predicted_mid);
+  d["predicted_hi"] = to_py(p.predicted_hi);
+  d["predicted_regret"] = p.predicted_regret;
+  d["candidates_scored"] = p.candidates_scored;
   d["reason"] = p.reason;
   d["reason_text"] = dg::describe_reason(p);
   d["graph_id"] = p.graph_id;

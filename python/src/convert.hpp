@@ -21,6 +21,7 @@ dg::ExecutorConfig config_from_py(nb::handle config);
 
 nb::dict to_py(const dg::DeviceModel& m);
 nb::dict to_py(const dg::PlanCandidate& c);
+nb::dict to_py(const dg::PlanPrediction& p);
 nb::dict to_py(const dg::BucketPlan& p);
 nb::list to_py(const std::vector<dg::BucketPlan>& plans);
 nb::dict to_py(const dg::GraphStats& g);

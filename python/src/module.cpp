@@ -42,12 +42,11 @@ void bind_enums(nb::module_& m) {
       .value("MEASURED", dg::KernelPolicy::kMeasured);
   nb::enum_<dg::BandSelect>(m, "BandSelect").value("HOST", dg::BandSelect::kHost).value("DEVICE", dg::BandSelect::kDevice);
   nb::enum_<dg::PlanReason>(m, "PlanReason")
-      .value("FILLS_GPU", dg::PlanReason::kFillsGpu)
-      .value("UNDERFILLS", dg::PlanReason::kUnderfills)
       .value("ABOVE_THRESHOLD", dg::PlanReason::kAboveThreshold)
       .value("THRESHOLD_RULE", dg::PlanReason::kThresholdRule)
       .value("MEASURED_FASTEST", dg::PlanReason::kMeasuredFastest)
-      .value("NOT_MEASURED", dg::PlanReason::kNotMeasured);
+      .value("NOT_MEASURED", dg::PlanReason::kNotMeasured)
+      .value("LEAST_REGRET", dg::PlanReason::kLeastRegret);
   nb::enum_<dg::fault::Site>(m, "FaultSite")
       .value("ALLOC", dg::fault::Site::kAlloc)
       .value("MEMCPY", dg::fault::Site::kMemcpy)
