@@ -1,7 +1,8 @@
 // GPU tests of the eager kernels: V1 and V2 (pass 1 + merge) against the float64 reference over
 // the supported grid, irregular and long lengths, odd batches, large logits, partition-size
 // independence, determinism, padded rows, the vLLM-shaped case, GQA groups above 16 (head
-// chunks), the tensor-core math's group shapes, NaN in cache slots past the lengths, caches past 2^31 elements, the KV append against
+// chunks), the tensor-core math's group shapes, -inf in the K chunk the padded k-steps of heads 80
+// and 112 would read, NaN in cache slots past the lengths, caches past 2^31 elements, the KV append against
 // the host append and explicit layout offsets, the naive kernel, the length clamp, the
 // kernel-launch fault seam, a fused QKV buffer read through row strides, padded rows with host
 // lengths, and block ids outside the cache (clamped, reported through bad_block).
@@ -378,6 +379,44 @@ TEST(GpuKernels, TensorCoreGroupShapes) {
         auto p = dgtest::make_problem(ps);
         p->run_reference();
         SCOPED_TRACE(describe(ps.spec));
+        check_all(*p, {64});
+      }
+    }
+  }
+}
+
+// Head sizes 80 and 112 split D / 16 k-steps unevenly over the tensor-core warps, so the last warp's
+// share runs past D; its ldmatrix rows there are clamped to the last real K chunk. A key holding
+// -inf in that chunk (with q > 0 there, so q.k = -inf: weight 0 in the reference) must not meet
+// the padded step's q = 0 (0 * -inf = NaN): the kernel skips those k-steps (issue 20).
+TEST(GpuKernels, InfInLastKChunkOfPaddedHeadSizes) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    for (KVLayout layout : kLayouts) {
+      for (int D : {80, 112}) {
+        ProblemSpec ps;
+        ps.spec = make_spec(dt, D, 16, layout, 8, 2);  // GQA 4: tensor cores
+        ps.lens = {40, 1, 300};
+        ps.distinct_blocks = true;
+        ps.seed = 1300 + i++;
+        auto p = dgtest::make_problem(ps);
+        const AttentionSpec& s = ps.spec;
+        for (std::size_t e = D - 1; e < p->out_elems; e += D) store_from_float(dt, p->q.data(), e, 0.5f);
+        const int64_t H = s.num_kv_heads, B = s.block_size, x = 16 / static_cast<int64_t>(dtype_size(dt));
+        int infs = 0;
+        for (int sq = 0; sq < static_cast<int>(ps.lens.size()); ++sq)
+          for (int t = 1; t < ps.lens[sq]; t += 3)  // token 0 of each sequence stays finite
+            for (int64_t h = 0; h < H; ++h) {
+              const int64_t blk = p->tables[sq * p->args.block_table_stride + t / B], off = t % B, e = D - 1;
+              const int64_t ko = layout == KVLayout::kNHD ? ((blk * B + off) * H + h) * D + e
+                                                          : (((blk * H + h) * (D / x) + e / x) * B + off) * x + e % x;
+              store_from_float(dt, p->k.data(), ko, -INFINITY);
+              ++infs;
+            }
+        ASSERT_GT(infs, 100);
+        p->run_reference();
+        SCOPED_TRACE(describe(s));
         check_all(*p, {64});
       }
     }

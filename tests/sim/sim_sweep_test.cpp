@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "../kernels/numerics.hpp"
 #include "../kernels/problem.hpp"
 #include "cuda_runtime.h"
 #include "decodegraph/attention.hpp"
@@ -130,12 +131,28 @@ void run_case(const Case& c) {
     EXPECT_TRUE(p->check(t)) << what;
     EXPECT_TRUE(p->padded_rows_untouched()) << what;
   };
+  // The host implementation models the device math per path: same outputs and partials to fp32
+  // noise (numerics.hpp, ModelCheck).
+  namespace nm = dgtest::numerics;
+  const nm::Reference whole = nm::reference_partitions(p->args, p->args.max_seq_len);
+  auto host_out = dgtest::make_buffer(c.dtype, p->out_elems);
+  DecodeArgs h = p->args;
+  h.out = host_out.data();
   run([&] { paged_attention_v1(a, nullptr); }, "V1 " + describe(c), tensor_cores);
+  host::paged_attention_v1(h);
+  EXPECT_TRUE(nm::outputs_match(p->args, whole, host_out.data(), p->out.data(), nm::model_check(a.spec))) << "host V1 vs device V1 " << describe(c);
   for (int P : {p_large, p_small}) {
     const std::size_t wb = v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, P);
     Dev ws(wb);
     sim_ok(cudaMemset(ws.p, 0xff, wb), "cudaMemset");  // NaN: the merge reads only fresh partials
     run([&] { paged_attention_v2(a, P, ws.p, wb, nullptr); }, "V2 " + describe(c, P), tensor_cores);
+    std::vector<unsigned char> dev_ws(wb);
+    sim_ok(cudaMemcpy(dev_ws.data(), ws.p, wb, cudaMemcpyDeviceToHost), "fetch workspace");
+    const auto host_ws = dgtest::run_host_v2(h, P);
+    EXPECT_TRUE(nm::partials_match(p->args, nm::reference_partitions(p->args, P), P, host_ws.data(), dev_ws.data(),
+                                   nm::model_check(a.spec)))
+        << "host V2 partials vs device " << describe(c, P);
+    EXPECT_TRUE(nm::outputs_match(p->args, whole, host_out.data(), p->out.data(), nm::model_check(a.spec))) << "host V2 vs device V2 " << describe(c, P);
   }
   run([&] { naive::paged_attention_v1(a, nullptr); }, "naive " + describe(c), false);
 }
