@@ -116,8 +116,10 @@ inline Reference reference_partitions(const DecodeArgs& a, int partition_size) {
           const double w = std::exp(logit[t - t0] - part.m);
           l += w;
           l2 += w * w;
-          lam = std::max(lam, std::fabs(logit[t - t0]));
-          lo = std::min(lo, logit[t - t0]);
+          if (std::isfinite(logit[t - t0])) {  // a -inf logit (weight 0) rounds nothing
+            lam = std::max(lam, std::fabs(logit[t - t0]));
+            lo = std::min(lo, logit[t - t0]);
+          }
           for (int d = 0; d < hs; ++d) {
             const double v = decodegraph::load_as_float(dt, a.v_cache, st.v(table[t / bs], kvh, t % bs, d));
             part.o[d] += w * v;

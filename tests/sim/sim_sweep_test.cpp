@@ -32,16 +32,9 @@ namespace {
 
 using namespace decodegraph;
 
-// Same bounds as the GPU kernel tests (tests/gpu): output rounded to the dtype plus fp32
-// accumulation in an order different from the reference.
-dgtest::Tolerance tol(DType d) {
-  switch (d) {
-    case DType::kFloat32: return {2e-5, 1e-4};
-    case DType::kFloat16: return {1e-3, 2e-3};
-    case DType::kBFloat16: return {8e-3, 1.6e-2};
-  }
-  return {0, 0};
-}
+// Same bounds as the GPU kernel tests (tests/kernels/problem.hpp: the output's own rounding plus
+// the kernels' error).
+dgtest::Tolerance tol(DType d) { return dgtest::kernel_tolerance(d); }
 
 bool full_sweep() {
   const char* f = std::getenv("DECODEGRAPH_SIM_FULL");
