@@ -217,23 +217,29 @@ constexpr int pass1_heads_per_block_for(int group) {
 /// tensor-core math for fp16 / bf16 with GQA groups of 4 or more, the CUDA-core math otherwise
 /// (fp32; groups of 1-3, where 12-15 of the 16 mma rows would be padding).
 constexpr bool pass1_uses_tensor_cores(int elem_bytes, int group) { return elem_bytes == 2 && group >= 4; }
+/// The one run-time to compile-time switch over head sizes of the host-side policy queries:
+/// f(std::integral_constant<int, D>{}) for a supported head size d, `otherwise` for any other.
+template <class F, class R>
+constexpr R with_head_size(int d, F f, R otherwise) {
+  switch (d) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 80: return f(std::integral_constant<int, 80>{});
+    case 96: return f(std::integral_constant<int, 96>{});
+    case 112: return f(std::integral_constant<int, 112>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 192: return f(std::integral_constant<int, 192>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+  }
+  return otherwise;
+}
 /// Tokens per pass-1 tile (Pass1Policy::kTileTokens; TcPass1Policy has the same tiles) for a
-/// supported head size, at run time: the host implementation tiles the softmax as the kernel does.
+/// supported head size, at run time (0 otherwise): the host implementation tiles the softmax as the
+/// kernel does.
 constexpr int pass1_tile_tokens(int elem_bytes, int d) {
-  auto tile = [](auto e, int head) {
-    constexpr int E = decltype(e)::value;
-    switch (head) {
-      case 64: return Pass1Policy<E, 64>::kTileTokens;
-      case 80: return Pass1Policy<E, 80>::kTileTokens;
-      case 96: return Pass1Policy<E, 96>::kTileTokens;
-      case 112: return Pass1Policy<E, 112>::kTileTokens;
-      case 128: return Pass1Policy<E, 128>::kTileTokens;
-      case 192: return Pass1Policy<E, 192>::kTileTokens;
-      case 256: return Pass1Policy<E, 256>::kTileTokens;
-    }
-    return 0;
-  };
-  return elem_bytes == 2 ? tile(std::integral_constant<int, 2>{}, d) : tile(std::integral_constant<int, 4>{}, d);
+  return with_head_size(d, [&](auto D) {
+    return elem_bytes == 2 ? Pass1Policy<2, decltype(D)::value>::kTileTokens
+                           : Pass1Policy<4, decltype(D)::value>::kTileTokens;
+  }, 0);
 }
 /// Threads of a pass-1 block. CUDA-core math: one warp per head, at least four warps (the loader's
 /// 128 threads; for groups below 4 the extra warps only copy). Tensor-core math: four warps.

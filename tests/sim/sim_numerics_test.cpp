@@ -20,6 +20,7 @@
 
 #include "../kernels/numerics.hpp"
 #include "../kernels/problem.hpp"
+#include "sim_problem.hpp"
 #include "cuda_runtime.h"
 #include "decodegraph/attention.hpp"
 #include "test_util.hpp"
@@ -33,22 +34,8 @@ namespace {
 using namespace decodegraph;
 namespace nm = dgtest::numerics;
 
-void sim_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-struct Dev {
-  void* p = nullptr;
-  std::size_t n = 0;
-  explicit Dev(std::size_t bytes, const void* src = nullptr) : n(bytes) {
-    sim_ok(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)), "cudaMalloc");
-    if (src != nullptr) sim_ok(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void fetch(void* dst) const { sim_ok(cudaMemcpy(dst, p, n, cudaMemcpyDeviceToHost), "fetch"); }
-};
+using dgsim::Dev;
+using dgsim::sim_ok;
 
 /// How a case shapes its logits.
 enum class Logits {
@@ -119,23 +106,9 @@ struct Result {
 
 /// V1 and V2 (pass 1 + merge, partition_size P) on the simulator, against the float64 reference.
 Result run(dgtest::Problem& p, int P) {
-  Dev q(p.q.bytes, p.q.data()), out(p.poisoned.bytes), k(p.k.bytes, p.k.data()), v(p.v.bytes, p.v.data());
-  Dev tables(p.tables.size() * sizeof(int32_t), p.tables.data());
-  Dev lens(p.lens.size() * sizeof(int32_t), p.lens.data());
-  std::unique_ptr<Dev> slopes;
-  DecodeArgs a = p.args;
-  a.q = q.p;
-  a.out = out.p;
-  a.k_cache = k.p;
-  a.v_cache = v.p;
-  a.block_tables = static_cast<const int32_t*>(tables.p);
-  a.seq_lens = static_cast<const int32_t*>(lens.p);
-  a.host_seq_lens = nullptr;
-  a.host_block_tables = nullptr;
-  if (!p.slopes.empty()) {
-    slopes = std::make_unique<Dev>(p.slopes.size() * sizeof(float), p.slopes.data());
-    a.alibi_slopes = static_cast<const float*>(slopes->p);
-  }
+  dgsim::DeviceProblem dp(p);
+  const DecodeArgs& a = dp.args;
+  Dev& out = dp.out;
   const nm::Reference whole = nm::reference_partitions(p.args, p.args.max_seq_len);
   const nm::Reference parts = nm::reference_partitions(p.args, P);
   Result r;

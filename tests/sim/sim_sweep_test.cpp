@@ -17,6 +17,7 @@
 
 #include "../kernels/numerics.hpp"
 #include "../kernels/problem.hpp"
+#include "sim_problem.hpp"
 #include "cuda_runtime.h"
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
@@ -41,20 +42,8 @@ bool full_sweep() {
   return f != nullptr && std::strcmp(f, "") != 0 && std::strcmp(f, "0") != 0;
 }
 
-void sim_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(std::size_t n, const void* src = nullptr) {
-    sim_ok(cudaMalloc(&p, std::max<std::size_t>(n, 16)), "cudaMalloc");
-    if (src != nullptr) sim_ok(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
+using dgsim::Dev;
+using dgsim::sim_ok;
 
 struct Case {
   DType dtype;
@@ -92,24 +81,9 @@ void run_case(const Case& c) {
   auto p = dgtest::make_problem(ps);
   p->run_reference();
 
-  Dev q(p->q.bytes, p->q.data()), out(p->poisoned.bytes), k(p->k.bytes, p->k.data());
-  Dev v(p->v.bytes, p->v.data());
-  Dev tables(p->tables.size() * sizeof(int32_t), p->tables.data());
-  Dev lens(p->lens.size() * sizeof(int32_t), p->lens.data());
-  std::unique_ptr<Dev> slopes;
-  DecodeArgs a = p->args;
-  a.q = q.p;
-  a.out = out.p;
-  a.k_cache = k.p;
-  a.v_cache = v.p;
-  a.block_tables = static_cast<const int32_t*>(tables.p);
-  a.seq_lens = static_cast<const int32_t*>(lens.p);
-  a.host_seq_lens = nullptr;  // padded rows: the host copy would fail validation
-  a.host_block_tables = nullptr;
-  if (c.alibi) {
-    slopes = std::make_unique<Dev>(p->slopes.size() * sizeof(float), p->slopes.data());
-    a.alibi_slopes = static_cast<const float*>(slopes->p);
-  }
+  dgsim::DeviceProblem dp(*p);
+  const DecodeArgs& a = dp.args;
+  Dev& out = dp.out;
   const dgtest::Tolerance t = tol(c.dtype);
   // Pass 1 runs on tensor cores exactly for fp16 / bf16 with groups of 4 or more (the launcher's
   // rule, restated here so that a dispatch change cannot pass unnoticed); the naive kernel never.
@@ -206,16 +180,9 @@ TEST(Legacy, MatchesReference) {
       ps.seed = 70 + static_cast<int>(dt) * 2 + static_cast<int>(layout);
       auto p = dgtest::make_problem(ps);
       p->run_reference();
-      Dev q(p->q.bytes, p->q.data()), out(p->poisoned.bytes), k(p->k.bytes, p->k.data()), v(p->v.bytes, p->v.data());
-      Dev tables(p->tables.size() * sizeof(int32_t), p->tables.data());
-      Dev lens(p->lens.size() * sizeof(int32_t), p->lens.data());
-      DecodeArgs a = p->args;
-      a.q = q.p;
-      a.out = out.p;
-      a.k_cache = k.p;
-      a.v_cache = v.p;
-      a.block_tables = static_cast<const int32_t*>(tables.p);
-      a.seq_lens = static_cast<const int32_t*>(lens.p);
+      dgsim::DeviceProblem dp(*p);
+      DecodeArgs a = dp.args;
+      Dev& out = dp.out;
       ASSERT_TRUE(legacy::supports(a.spec));
       const std::size_t wb = v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, 64);
       Dev ws(wb);
