@@ -12,9 +12,12 @@
 // (Pass1Policy in decode_policy.hpp): row z takes tokens [z*NR, (z+1)*NR) of every tile, and lane j
 // of a row owns chunks j + k*L (k < KC) of the head dimension (q, and the output accumulators).
 //
-// Pipeline (TileLoader). Tiles of NTOK tokens cycle through S shared-memory stages: while tile t is
-// computed, tiles t+1 .. t+S-1 are in flight as 16-byte cp.async copies with an L2 evict-first
-// policy. Per iteration: wait for tile t's group, one barrier, issue tile t+S-1, compute tile t.
+// Pipeline (TileLoader). Tiles of NTOK tokens cycle through S shared-memory stages as 16-byte
+// cp.async copies with an L2 evict-first policy. Per iteration, for a whole-tile math: wait for tile
+// t's group, one barrier, issue tile t+S-1, compute tile t (tiles t+1 .. t+S-1 in flight); for a
+// split math (the tensor-core one): consume tile t, wait for tile t+1, one barrier (which also
+// publishes what consume stored), issue tile t+S-1, accumulate tile t. The partition's last tile
+// runs after the loop, the only one masked.
 // Block ids are read once per tile per block, S tiles ahead, into a small shared table of segment
 // offsets; block_size enters as a shift and a mask. Pages are copied verbatim in their own layout
 // (decode_policy.hpp places the chunks so that reads and writes are bank-conflict free); only the
@@ -22,8 +25,8 @@
 //
 // Math (CudaCoreMath). Per tile and row: NR partial dot products in registers, a reduce-scatter
 // across the row's lanes that leaves each lane one token's full dot (NR - 1 shuffles for NR tokens,
-// instead of log2(L) per token), the logit and the online-softmax update on that, then p . v with
-// each p broadcast by one shuffle. fp32 accumulation; every reduction has a fixed order, so results
+// instead of log2(L) per token), the logit and the online-softmax update on that (ex2.approx, one
+// -inf guard per row), then p . v with each p broadcast by one shuffle. fp32 accumulation; every reduction has a fixed order, so results
 // are deterministic (eager == graph, replays bitwise equal). The Z slices merge by shuffles at the end.
 // A second math takes CudaCoreMath's place for fp16 / bf16 with GQA groups of 4 or more:
 // TensorCoreMath (tensor_core_math.cuh, instantiated in inst/decode_tc_*.cu) gets the same loader,
