@@ -48,26 +48,47 @@ DG_HD MergeFactors merge_factors(float ma, float mb) {
   return MergeFactors{m, exp_shifted(ma, m), exp_shifted(mb, m)};
 }
 
-// ---------------------------------------------------------------- base 2 (the CUDA kernels)
-// The pass-1 kernel keeps logits multiplied by log2(e), so that every weight is one exp2 (a single
-// MUFU.EX2 on the GPU) instead of expf's range reduction. Same conventions as above: -inf means
-// "nothing seen" and maps to weight 0, never NaN. Maxima convert back to natural logits (times
-// ln 2) where they leave the kernel (the V2 partials).
+// ---------------------------------------------------------------- base 2 (the pass-1 kernels)
+// The pass-1 kernels keep logits multiplied by log2(e), so that every weight is one exp2: on the GPU
+// ex2.approx.ftz.f32 (one MUFU.EX2; at most 2 ulp from the correctly rounded 2^x, subnormal results
+// flushed to 0, 2^-inf = +0), on the host exp2f. Maxima convert back to natural logits (times ln 2)
+// where they leave the kernel (the V2 partials). The host implementation (host_attention.cpp)
+// uses the same steps with exp2f.
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
-/// 2^(x - m), 0 when x is -inf.
-DG_HD float exp2_shifted(float x, float m) { return x == -INFINITY ? 0.0f : exp2f(x - m); }
+/// Base-2 logit of one token: dot * scale2 + bias2, with scale2 = scale * log2(e) and bias2 the
+/// ALiBi term alibi_bias2 (0 without ALiBi). The kernels and the host form every logit with it.
+DG_HD float logit2(float dot, float scale2, float bias2) { return dot * scale2 + bias2; }
+/// ALiBi term of a token at `pos` in base 2: slope2 * (pos - seq_len + 1), slope2 = slope * log2(e).
+DG_HD float alibi_bias2(float slope2, int pos, int seq_len) { return slope2 * static_cast<float>(pos - seq_len + 1); }
 
-/// online_rescale for base-2 logits.
-DG_HD float online_rescale2(float& m, float& l, float tile_max) {
-  const float m_new = fmaxf(m, tile_max);
-  const float f = exp2_shifted(m, m_new);
-  l *= f;
-  m = m_new;
-  return f;
+/// One online-softmax step in base 2: the running max after a tile whose max is tile_max, the
+/// value the tile's weights subtract, `sub` (the max itself, or 0 while the row has seen nothing
+/// but -inf: then every weight 2^(s - sub) and the rescale 2^(m_old - sub) are 0 (2^-inf), never
+/// NaN (-inf - -inf): the one -inf guard per row and tile, instead of a select per weight), and
+/// whether the max moved. Where it did not, the accumulators are not rescaled at all: ex2.approx
+/// need not return exactly 1 for 2^0, and a factor 1 - 2 ulp applied every tile would shrink the
+/// early tokens' weights against the late ones by 2 ulp per tile (1e-3 over 100K tokens).
+struct MaxStep {
+  float m;
+  float sub;
+  bool moved;
+};
+DG_HD MaxStep online_max2(float m_old, float tile_max) {
+  const float m = fmaxf(m_old, tile_max);
+  return MaxStep{m, m == -INFINITY ? 0.0f : m, m != m_old};
 }
+
+/// The tensor-core math's fp16 weights are scaled by 2^kTcWeightShiftFp16 (the weights subtract
+/// m - 15 instead of m), so that they are <= 2^15 (fp16 max 65504) and even the lo parts of the
+/// hi / lo split stay normal numbers down to weights of 2^-25 of the row's maximum. The scale
+/// cancels in acc / l; exp sums leave the kernel unscaled. bf16 has fp32's range: no scale.
+inline constexpr int kTcWeightShiftFp16 = 15;
+
+/// 2^(x - m), 0 when x is -inf (the merge of the CUDA-core math's row slices, in exp2f).
+DG_HD float exp2_shifted(float x, float m) { return x == -INFINITY ? 0.0f : exp2f(x - m); }
 
 /// merge_factors for base-2 logits.
 DG_HD MergeFactors merge_factors2(float ma, float mb) {

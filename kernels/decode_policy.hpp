@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decodegraph/numeric.hpp"  // DG_HD
 #include "decodegraph/types.hpp"
@@ -41,15 +42,15 @@ constexpr bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 inline constexpr int kPass1MaxRegisters = 80;
 
 /// Register cap of the tensor-core pass-1 kernel per (head size, layout): the lowest of 80, 96 and
-/// 128 at which ptxas (nvcc 13.0, sm_90) spills nothing (at 80 the vLLM kernels spill 16-40 bytes
-/// at heads 64, 112, 128, 192; at 96 the vLLM head-256 kernel spills 28). A 128-thread block fits
-/// 6 per SM at 80 registers, 5 at 96 and 4 at 128 (shared memory allows 6); even 4 keep 3 x 8 KB
-/// in flight each. The vLLM loader keeps more per-slot state than NHD's (separate K and V chunk
-/// geometry).
+/// 128 at which ptxas (nvcc 13.0, sm_90) spills nothing for every head size of the layout (at 80
+/// the vLLM kernels spill 8-32 bytes at heads 64-192, some of them only as the code around them
+/// changes; at 96 the head-256 kernels spill). A 128-thread block fits 6
+/// per SM at 80 registers, 5 at 96 and 4 at 128 (shared memory allows 6); even 4 keep two 6-8 KB
+/// tiles in flight each. The vLLM loader keeps more per-slot state than NHD's (separate K and V
+/// chunk geometry).
 constexpr int tc_pass1_max_registers(int d, KVLayout layout) {
   if (d == 256) return 128;
-  if (d == 80 || d == 96 || layout == KVLayout::kNHD) return 80;
-  return 96;
+  return layout == KVLayout::kNHD ? 80 : 96;
 }
 
 /// Pass-1 policy for element size kElemBytes (2: fp16/bf16, 4: fp32) and head size D.
@@ -99,8 +100,11 @@ struct Pass1Policy {
   /// number makes each thread's chunk slots compile-time, so their geometry is computed once.
   static constexpr int kLoaderThreads = 128;
   static constexpr int kLoadsPerThread = (kTileChunks + kLoaderThreads - 1) / kLoaderThreads;  // per operand
-  /// Static shared memory: the stages plus the segment table (block ids per stage).
-  static constexpr int kSmemBytes = kStages * kStageBytes + kStages * kMaxSegments * 4;
+  /// The math's exchange buffer between the stages and the segment table (none here).
+  static constexpr int kExchangeBytes = 0;
+  /// Static shared memory, one array (paged_decode.cuh, pass1_shared): the stages, the math's
+  /// exchange buffer, the segment table (block ids per stage).
+  static constexpr int kSmemBytes = kStages * kStageBytes + kExchangeBytes + kStages * kMaxSegments * 4;
   /// Alignment of the stage buffer: the math XORs compile-time terms (< 512 bytes) into addresses.
   static constexpr int kStageAlign = 1024;
 
@@ -115,6 +119,24 @@ struct Pass1Policy {
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory must fit without the opt-in attribute");
 };
 
+/// How the tensor-core math feeds the softmax weights P (fp32) to the p.v mma, whose A operand is
+/// fp16 / bf16. The named policy of issue 23; docs/design.md ("Numerical contract") has the bound of
+/// each and the static report (bench/results/static/after-precision.md) the cost.
+enum class TcPvWeights {
+  /// P = hi + lo, both in the model dtype (hi = rn(p), lo = rn(p - hi)), two mma per k-step:
+  /// each weight is kept to 2^-16 (bf16) / 2^-22 (fp16) of itself. The default.
+  kHiLo,
+  /// P rounded to the model dtype, one mma per k-step: 2^-9 (bf16) / 2^-12 (fp16) of each weight,
+  /// as FlashAttention-style kernels do. Not instantiated; build with
+  /// -DDECODEGRAPH_TC_PV_WEIGHTS_ROUNDED to measure it (kernel report) against kHiLo.
+  kRounded,
+};
+#if defined(DECODEGRAPH_TC_PV_WEIGHTS_ROUNDED)
+inline constexpr TcPvWeights kTcPvWeights = TcPvWeights::kRounded;
+#else
+inline constexpr TcPvWeights kTcPvWeights = TcPvWeights::kHiLo;
+#endif
+
 /// Pass-1 policy of the tensor-core math (TensorCoreMath in kernels/tensor_core_math.cuh; fp16 and
 /// bf16 only). Tiles, stages, pipeline and loader are Pass1Policy's; what differs:
 ///  - four warps per block whatever the group: the block's query heads (<= 16) are the 16 rows of
@@ -123,12 +145,14 @@ struct Pass1Policy {
 ///    ldmatrix reads one chunk of 8 consecutive tokens, which unswizzled rows D * 2 bytes apart would
 ///    put in one bank group (8-way conflict at D = 64, 128, 256). vLLM layouts are Pass1Policy's
 ///    (both already conflict-free for these reads: tests/kernels/test_smem_layout.cpp);
-///  - a 2 KB exchange buffer: each warp's partial q.k tile (one m16n8 accumulator, 16 bytes a lane).
+///  - shared buffers for the warps' exchanges: the partial q.k tiles (one m16n8 accumulator, 16
+///    bytes a lane), the weights as p.v A fragments (hi and lo) and the rows' rescale factors.
 /// Work split per tile (NN = tile tokens / 8 token n-tiles; q.k has D/16 k-steps, p.v D/8 d-tiles):
-/// warp w computes the partial q.k of token n-tile w % NN over k-steps [(w / NN) * KSW, + KSW), all
-/// warps sum the partials in one fixed order, run the same softmax, and warp w accumulates p.v for
-/// d-tiles [w * NTW, + NTW). So a lane keeps KSW x 4 registers of q and NTW x 4 of the output
-/// (at most 16 and 32 at D = 256) instead of D / 4 and D / 2 for one warp doing it all.
+/// warp w computes the partial q.k of token n-tile w % NN over k-steps [(w / NN) * KSW, + KSW); the
+/// softmax of rows [4w, 4w + 4) (all the tile's tokens, kPairsPerLane token pairs a lane); and p.v
+/// for d-tiles [w * NTW, + NTW). So a lane keeps KSW x 4 registers of q and NTW x 4 of the output
+/// (at most 16 and 32 at D = 256) instead of D / 4 and D / 2 for one warp doing it all, and no
+/// softmax runs twice.
 template <int kElemBytes, int D>
 struct TcPass1Policy : Pass1Policy<kElemBytes, D> {
   using Base = Pass1Policy<kElemBytes, D>;
@@ -138,9 +162,24 @@ struct TcPass1Policy : Pass1Policy<kElemBytes, D> {
   static constexpr int kStageBytes = 2 * kOperandChunks * 16;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kExchangeBytes = kWarps * 32 * 16;
+  static constexpr int kPvSteps = (Base::kTileTokens + 15) / 16;                    // p.v k-steps
+  /// Softmax split: warp w owns rows [4w, 4w + 4); a lane owns kPairsPerLane consecutive token
+  /// pairs of one row, kLanesPerRow lanes per row. 8-token tiles have 16 pairs for 32 lanes: lanes
+  /// 16-31 repeat lanes 0-15 (kSoftmaxLanes = 16) and store nothing.
+  static constexpr int kPairsPerRow = Base::kTileTokens / 2;
+  static constexpr int kPairsPerLane = cmax(1, 4 * kPairsPerRow / 32);
+  static constexpr int kLanesPerRow = kPairsPerRow / kPairsPerLane;
+  static constexpr int kSoftmaxLanes = 4 * kLanesPerRow;
+  static constexpr TcPvWeights kPvWeights = kTcPvWeights;
+  static constexpr int kWeightParts = kPvWeights == TcPvWeights::kHiLo ? 2 : 1;  // hi (, lo)
+  /// Exchange buffers: partial q.k tiles [warp][lane] (16 bytes each); the weights as A fragments
+  /// [part][p.v step][lane] (16 bytes); rescale factors of rows g and g + 8 [g] (8 bytes).
+  static constexpr int kScoreBytes = kWarps * 32 * 16;
+  static constexpr int kWeightBytes = kWeightParts * kPvSteps * 32 * 16;
+  static constexpr int kFactorBytes = 8 * 8;
+  static constexpr int kExchangeBytes = kScoreBytes + kWeightBytes + kFactorBytes;
   static constexpr int kSmemBytes =
-      Base::kStages * kStageBytes + Base::kStages * Base::kMaxSegments * 4 + kExchangeBytes;
+      Base::kStages * kStageBytes + kExchangeBytes + Base::kStages * Base::kMaxSegments * 4;
 
   static constexpr int kTokenTiles = Base::kTileTokens / 8;                        // NN
   static constexpr int kKSplit = kWarps / kTokenTiles;                              // warps per n-tile
@@ -148,7 +187,6 @@ struct TcPass1Policy : Pass1Policy<kElemBytes, D> {
   static constexpr int kKStepsPerWarp = (kKSteps + kKSplit - 1) / kKSplit;          // KSW
   static constexpr int kDTiles = D / 8;                                             // p.v n-tiles
   static constexpr int kDTilesPerWarp = (kDTiles + kWarps - 1) / kWarps;            // NTW
-  static constexpr int kPvSteps = (Base::kTileTokens + 15) / 16;                    // p.v k-steps
   /// B registers of a p.v step that hold tokens: 1 when the tile has 8 tokens (the upper 8 of the
   /// k16 step are zero in both operands).
   static constexpr int kPvHalves = Base::kTileTokens >= 16 ? 2 : 1;
@@ -162,6 +200,8 @@ struct TcPass1Policy : Pass1Policy<kElemBytes, D> {
   static_assert(D % 16 == 0, "k16 steps over the head dimension");
   static_assert(kKMatrices % 2 == 0 && kVMatrices % 2 == 0, "ldmatrix .x4 / .x2 groups");
   static_assert((kOperandChunks * 16) % 512 == 0, "K and V parts of a stage start 512-byte aligned");
+  static_assert(kLanesPerRow == 4 || kLanesPerRow == 8, "row max over 4 or 8 lanes");
+  static_assert(kSoftmaxLanes == 16 || kSoftmaxLanes == 32, "softmax lanes");
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory must fit without the opt-in attribute");
 };
 
@@ -177,6 +217,30 @@ constexpr int pass1_heads_per_block_for(int group) {
 /// tensor-core math for fp16 / bf16 with GQA groups of 4 or more, the CUDA-core math otherwise
 /// (fp32; groups of 1-3, where 12-15 of the 16 mma rows would be padding).
 constexpr bool pass1_uses_tensor_cores(int elem_bytes, int group) { return elem_bytes == 2 && group >= 4; }
+/// The one run-time to compile-time switch over head sizes of the host-side policy queries:
+/// f(std::integral_constant<int, D>{}) for a supported head size d, `otherwise` for any other.
+template <class F, class R>
+constexpr R with_head_size(int d, F f, R otherwise) {
+  switch (d) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 80: return f(std::integral_constant<int, 80>{});
+    case 96: return f(std::integral_constant<int, 96>{});
+    case 112: return f(std::integral_constant<int, 112>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 192: return f(std::integral_constant<int, 192>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+  }
+  return otherwise;
+}
+/// Tokens per pass-1 tile (Pass1Policy::kTileTokens; TcPass1Policy has the same tiles) for a
+/// supported head size, at run time (0 otherwise): the host implementation tiles the softmax as the
+/// kernel does.
+constexpr int pass1_tile_tokens(int elem_bytes, int d) {
+  return with_head_size(d, [&](auto D) {
+    return elem_bytes == 2 ? Pass1Policy<2, decltype(D)::value>::kTileTokens
+                           : Pass1Policy<4, decltype(D)::value>::kTileTokens;
+  }, 0);
+}
 /// Threads of a pass-1 block. CUDA-core math: one warp per head, at least four warps (the loader's
 /// 128 threads; for groups below 4 the extra warps only copy). Tensor-core math: four warps.
 constexpr int pass1_threads_for(int elem_bytes, int group) {

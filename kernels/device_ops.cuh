@@ -1,8 +1,9 @@
 // The few device operations the kernels need beyond plain C++ and the CUDA intrinsics: asynchronous
 // 16-byte copies global -> shared (cp.async, sm_80+) with an L2 evict-first policy (K/V are read
 // once per step), their commit / wait groups, 16-byte shared loads through 32-bit shared
-// addresses (the swizzled layouts XOR them), and for the tensor-core math ldmatrix (8x8 matrices of
-// 16-bit elements, shared -> the mma fragment layout) and mma.sync.m16n8k16 with fp32 accumulation.
+// addresses (the swizzled layouts XOR them), ex2.approx for the softmax weights, and for the
+// tensor-core math ldmatrix (8x8 matrices of 16-bit elements, shared -> the mma fragment layout) and
+// mma.sync.m16n8k16 with fp32 accumulation.
 //
 // Under the CPU simulator (tests/sim, which defines DECODEGRAPH_SIM) the same functions come from
 // the simulator's model in tests/sim/shim/sim_device_ops.hpp: copies are deferred to the matching
@@ -68,6 +69,16 @@ __device__ __forceinline__ uint4 lds16(SmemAddr a) {
   return v;
 }
 
+/// 2^x: ex2.approx.ftz.f32, one MUFU.EX2 (exp2f's accurate path adds a range check and two
+/// multiplies around it). PTX ISA 9.1, "ex2": at most 2 ulp from the correctly rounded result over
+/// the full range; .ftz flushes subnormal inputs and results to sign-preserving zero; 2^-inf = +0,
+/// 2^+-0 = 1, 2^+inf = +inf, NaN stays NaN. The simulator models exactly that (sim_device_ops.hpp).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---------------------------------------------------------------- tensor cores (sm_80+)
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" and
 // "ldmatrix"), with g = lane / 4 and t = lane % 4; a 32-bit register holds two 16-bit elements, the
@@ -97,16 +108,17 @@ __device__ __forceinline__ void ldmatrix(uint32_t* r, SmemAddr a) {
 }
 
 /// d += A * B: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 (T = __nv_bfloat16
-/// or __half), fragments as above. Every lane of the warp executes it.
+/// or __half), fragments as above. Every lane of the warp executes it. volatile, as CUTLASS's are:
+/// the compiler must neither drop nor merge it (it is warp-collective).
 template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

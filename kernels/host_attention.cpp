@@ -1,10 +1,19 @@
 // Host implementation of paged decode attention V1 and V2 (host:: in attention.hpp).
 //
-// It mirrors the kernels' partitioning and merge, and takes every per-token and merge formula from
-// kernels/decode_math.hpp, so that the executor's host backend is a faithful model of the device
-// path:
-//   V1: per (sequence, KV head) one online-softmax pass over the whole context, one tile per cache
-//       block, for all query heads of the GQA group at once (K/V converted once per block).
+// It mirrors the kernels' partitioning, softmax tiling and merge, and takes every per-token and
+// merge formula from kernels/decode_math.hpp, so that the executor's host backend is a faithful
+// model of the device path, per math (decode_policy.hpp, pass1_uses_tensor_cores):
+//   - logits in base 2, tiles of the kernel's tile size (pass1_tile_tokens) from the partition's
+//     start, one online-softmax step per tile (the running max moves only there, and the
+//     accumulators are rescaled only when it moved);
+//   - the CUDA-core math (fp32; fp16 / bf16 with GQA groups 1-3): fp32 weights 2^(s - m);
+//   - the tensor-core math (fp16 / bf16, groups >= 4): each weight as the kernel feeds it to the
+//     p.v mma (TcPass1Policy::kPvWeights): hi + lo in the model dtype (or hi alone when rounded),
+//     fp16 scaled by 2^15, and the output normalised by the sum of those same weights.
+// exp2f stands in for ex2.approx (2 ulp) and the order of the fp32 sums differs, so host and
+// device agree to fp32 noise, not bitwise (tests/sim/sim_sweep_test.cpp compares them).
+//   V1: per (sequence, KV head) one online-softmax pass over the whole context for all query heads
+//       of the GQA group at once (K/V converted once per cache block).
 //   V2: the same pass per partition of P tokens, writing fp32 partials (m_p, l_p, acc_p / l_p) into the
 //       caller's workspace as laid out by v2_workspace_layout; then a merge per (sequence, query head)
 //       in the merge kernel's fixed order (kernels/merge_policy.hpp), w_p = l_p exp(m_p - M). A
@@ -22,6 +31,7 @@
 #include "decodegraph/error.hpp"
 #include "decodegraph/numeric.hpp"
 #include "kernels/decode_math.hpp"
+#include "kernels/decode_policy.hpp"
 #include "kernels/merge_policy.hpp"
 #include "kernels/validate.hpp"
 
@@ -40,21 +50,29 @@ const std::array<float, 65536>& fp16_table() {
   return table;
 }
 
+// round(): a float rounded to the element type (the tensor-core math's weights); shift: the log2
+// scale of those weights (math::kTcWeightShiftFp16 for fp16).
 struct Fp16 {
   using T = uint16_t;
+  static constexpr int kWeightShift = math::kTcWeightShiftFp16;
   const float* table = fp16_table().data();
   float load(T v) const { return table[v]; }
   static T store(float f) { return float_to_fp16_bits(f); }
+  static float round(float f) { return fp16_bits_to_float(float_to_fp16_bits(f)); }
 };
 struct Bf16 {
   using T = uint16_t;
+  static constexpr int kWeightShift = 0;
   static float load(T v) { return bf16_bits_to_float(v); }
   static T store(float f) { return float_to_bf16_bits(f); }
+  static float round(float f) { return bf16_bits_to_float(float_to_bf16_bits(f)); }
 };
 struct Fp32 {
   using T = float;
+  static constexpr int kWeightShift = 0;
   static float load(T v) { return v; }
   static T store(float f) { return f; }
+  static float round(float f) { return f; }
 };
 
 // ---------------------------------------------------------------- geometry
@@ -93,7 +111,10 @@ std::vector<Run> compile_runs(const std::vector<int64_t>& rel) {
 struct Geometry {
   const AttentionSpec& s;
   int hs, bs, group, x;
-  float scale;
+  float scale2;        // scale * log2(e): logits in base 2, as the kernels keep them
+  bool tensor_cores;   // the math the launcher selects for this spec
+  int tile;            // the kernel's tile: one online-softmax step per `tile` tokens
+  int chunk;           // tokens converted at once: whole cache blocks covering whole tiles
   std::vector<Run> k_runs, v_runs;
 
   explicit Geometry(const AttentionSpec& spec)
@@ -102,7 +123,10 @@ struct Geometry {
         bs(spec.block_size),
         group(spec.num_q_heads / spec.num_kv_heads),
         x(math::vllm_x(static_cast<int>(dtype_size(spec.dtype)))),
-        scale(spec.effective_scale()) {
+        scale2(spec.effective_scale() * math::kLog2e),
+        tensor_cores(kernels::pass1_uses_tensor_cores(static_cast<int>(dtype_size(spec.dtype)), group)),
+        tile(kernels::pass1_tile_tokens(static_cast<int>(dtype_size(spec.dtype)), spec.head_size)),
+        chunk(std::max(bs, tile)) {
     std::vector<int64_t> k_rel(static_cast<std::size_t>(bs) * hs), v_rel(k_rel.size());
     const int64_t k0 = k_base(0, 0), v0 = v_base(0, 0);
     for (int t = 0; t < bs; ++t)
@@ -135,18 +159,19 @@ void load_tile(const E& e, const typename E::T* base, const std::vector<Run>& ru
   }
 }
 
-// Online-softmax state of the `group` query heads of one KV head over a token range.
+// Online-softmax state of the `group` query heads of one KV head over a token range. m is in
+// base 2; l and acc are relative to it (and, on the tensor-core path with fp16, scaled by 2^15).
 struct GroupState {
   std::vector<float> q;      // [group, head_size]
-  std::vector<float> slope;  // [group]
+  std::vector<float> slope2;  // [group], ALiBi slope * log2(e)
   std::vector<float> m, l;   // [group]
   std::vector<float> acc;    // [group, head_size]
-  std::vector<float> kf, vf, s;  // one block tile: [block_size, head_size] x2, [block_size]
+  std::vector<float> kf, vf, s;  // one chunk of whole cache blocks: [chunk, head_size] x2, [tile]
 
-  GroupState(int group, int hs, int bs)
-      : q(static_cast<std::size_t>(group) * hs), slope(group), m(group), l(group),
-        acc(static_cast<std::size_t>(group) * hs), kf(static_cast<std::size_t>(bs) * hs),
-        vf(static_cast<std::size_t>(bs) * hs), s(bs) {}
+  GroupState(const Geometry& g)
+      : q(static_cast<std::size_t>(g.group) * g.hs), slope2(g.group), m(g.group), l(g.group),
+        acc(static_cast<std::size_t>(g.group) * g.hs), kf(static_cast<std::size_t>(g.chunk) * g.hs),
+        vf(kf.size()), s(g.tile) {}
   void reset() {
     std::fill(m.begin(), m.end(), math::neg_inf());
     std::fill(l.begin(), l.end(), 0.0f);
@@ -163,39 +188,59 @@ inline float dot(const float* a, const float* b, int n) {
   return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
-// Folds tokens [t0, t1) of one sequence's KV head `kvh` into st.
+// The weight the kernel's p.v uses for 2^x: fp32 on the CUDA-core math; on the tensor-core math
+// the hi / lo parts in the element type (TcPass1Policy::kPvWeights), summed exactly in fp32.
+template <class E>
+float pv_weight(bool tensor_cores, float x) {
+  const float p = exp2f(x);
+  if (!tensor_cores) return p;
+  const float hi = E::round(p);
+  if (kernels::kTcPvWeights == kernels::TcPvWeights::kRounded) return hi;
+  return hi + E::round(p - hi);
+}
+
+// Folds tokens [t0, t1) of one sequence's KV head `kvh` into st: chunks of whole cache blocks
+// (t0 is a multiple of the block size), one online-softmax step per kernel tile from t0 on.
 template <class E>
 void attend(const Geometry& g, const E& e, const typename E::T* kc, const typename E::T* vc,
             const int32_t* table, int len, int kvh, int t0, int t1, GroupState& st) {
   const int hs = g.hs, bs = g.bs;
-  for (int t = t0; t < t1;) {
-    const int64_t block = table[t / bs];
-    const int first = t % bs;
-    const int n = std::min(bs - first, t1 - t);
-    // The whole block is converted (in bounds: the block id was validated); only tokens
-    // [first, first + n) are used.
-    load_tile(e, kc + g.k_base(block, kvh), g.k_runs, st.kf.data());
-    load_tile(e, vc + g.v_base(block, kvh), g.v_runs, st.vf.data());
-    for (int h = 0; h < g.group; ++h) {
-      const float* q = st.q.data() + static_cast<std::size_t>(h) * hs;
-      float tile_max = math::neg_inf();
-      for (int i = 0; i < n; ++i) {
-        st.s[i] = math::logit(dot(q, st.kf.data() + static_cast<std::size_t>(first + i) * hs, hs),
-                              g.scale, st.slope[h], t + i, len);
-        tile_max = std::max(tile_max, st.s[i]);
-      }
-      float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
-      const float f = math::online_rescale(st.m[h], st.l[h], tile_max);
-      if (f != 1.0f)
-        for (int d = 0; d < hs; ++d) acc[d] *= f;
-      for (int i = 0; i < n; ++i) {
-        const float p = math::exp_shifted(st.s[i], st.m[h]);
-        st.l[h] += p;
-        const float* v = st.vf.data() + static_cast<std::size_t>(first + i) * hs;
-        for (int d = 0; d < hs; ++d) acc[d] += p * v[d];
+  const float shift = g.tensor_cores ? static_cast<float>(E::kWeightShift) : 0.0f;
+  for (int c = t0; c < t1; c += g.chunk) {
+    // Whole blocks (in bounds: the block ids were validated); only tokens < t1 are used.
+    for (int b = c; b < std::min(t1, c + g.chunk); b += bs) {
+      const int64_t block = table[b / bs];
+      load_tile(e, kc + g.k_base(block, kvh), g.k_runs, st.kf.data() + static_cast<std::size_t>(b - c) * hs);
+      load_tile(e, vc + g.v_base(block, kvh), g.v_runs, st.vf.data() + static_cast<std::size_t>(b - c) * hs);
+    }
+    for (int ts = c; ts < std::min(t1, c + g.chunk); ts += g.tile) {
+      const int n = std::min(g.tile, t1 - ts);
+      const float* kt = st.kf.data() + static_cast<std::size_t>(ts - c) * hs;
+      const float* vt = st.vf.data() + static_cast<std::size_t>(ts - c) * hs;
+      for (int h = 0; h < g.group; ++h) {
+        const float* q = st.q.data() + static_cast<std::size_t>(h) * hs;
+        float tile_max = math::neg_inf();
+        for (int i = 0; i < n; ++i) {
+          st.s[i] = math::logit2(dot(q, kt + static_cast<std::size_t>(i) * hs, hs), g.scale2,
+                                 math::alibi_bias2(st.slope2[h], ts + i, len));
+          tile_max = std::max(tile_max, st.s[i]);
+        }
+        float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
+        const math::MaxStep step = math::online_max2(st.m[h], tile_max);
+        if (step.moved) {
+          const float f = exp2f(st.m[h] - step.sub);
+          st.l[h] *= f;
+          for (int d = 0; d < hs; ++d) acc[d] *= f;
+        }
+        st.m[h] = step.m;
+        for (int i = 0; i < n; ++i) {
+          const float p = pv_weight<E>(g.tensor_cores, st.s[i] - (step.sub - shift));
+          st.l[h] += p;
+          const float* v = vt + static_cast<std::size_t>(i) * hs;
+          for (int d = 0; d < hs; ++d) acc[d] += p * v[d];
+        }
       }
     }
-    t += n;
   }
 }
 
@@ -227,7 +272,7 @@ void load_group(const DecodeArgs& a, const Geometry& g, const E& e, int seq, int
     const int qh = kvh * g.group + h;
     const int64_t row = seq * detail::q_row_stride(a) + static_cast<int64_t>(qh) * g.hs;
     for (int d = 0; d < g.hs; ++d) st.q[static_cast<std::size_t>(h) * g.hs + d] = e.load(q[row + d]);
-    st.slope[h] = a.alibi_slopes ? a.alibi_slopes[qh] : 0.0f;
+    st.slope2[h] = a.alibi_slopes ? a.alibi_slopes[qh] * math::kLog2e : 0.0f;
   }
 }
 
@@ -235,7 +280,7 @@ template <class E>
 void run_v1(const DecodeArgs& a) {
   const Geometry g(a.spec);
   const E e{};
-  GroupState st(g.group, g.hs, g.bs);
+  GroupState st(g);
   const auto* kc = static_cast<const typename E::T*>(a.k_cache);
   const auto* vc = static_cast<const typename E::T*>(a.v_cache);
   auto* out = static_cast<typename E::T*>(a.out);
@@ -260,7 +305,7 @@ template <class E>
 void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* workspace) {
   const Geometry g(a.spec);
   const E e{};
-  GroupState st(g.group, g.hs, g.bs);
+  GroupState st(g);
   const int H = a.spec.num_q_heads, hs = g.hs;
   auto* ws = static_cast<unsigned char*>(workspace);
   float* max_logits = reinterpret_cast<float*>(ws + w.max_logits_offset);
@@ -283,10 +328,12 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
       for (int p = 0; p < parts; ++p) {
         st.reset();
         attend(g, e, kc, vc, table, len, kvh, p * P, std::min(len, (p + 1) * P), st);
+        // m back to natural units, l without the tensor-core math's fp16 weight scale.
+        const float unscale = g.tensor_cores ? std::ldexp(1.0f, -E::kWeightShift) : 1.0f;
         for (int h = 0; h < g.group; ++h) {
           const int64_t idx = math::partial_index(seq, kvh * g.group + h, p, H, w.max_partitions);
-          max_logits[idx] = st.m[h];
-          exp_sums[idx] = st.l[h];
+          max_logits[idx] = st.m[h] * math::kLn2;
+          exp_sums[idx] = st.l[h] * unscale;
           const float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
           float* po = partial_out + idx * hs;
           for (int d = 0; d < hs; ++d) po[d] = math::normalise(acc[d], st.l[h]);

@@ -29,15 +29,15 @@ namespace {
 // Registers per thread of each pass-1 instantiation as nvcc 13.0 compiles it for sm_90 (ptxas -v;
 // the kernel is capped at kPass1MaxRegisters = 80 with __maxnreg__, none spills). Re-read them
 // whenever the kernel changes: scripts/kernel_report.sh prints them. Shared memory needs no table:
-// it is all static and equals Pass1Policy::kSmemBytes (checked against ptxas the same way).
+// it is all static, one array, and equals the policy's kSmemBytes (checked against ptxas the same way).
 struct RegRow {
   int d;
   int fp16_vllm, fp16_nhd, bf16_vllm, bf16_nhd, fp32_vllm, fp32_nhd;
 };
 constexpr RegRow kPass1Registers[] = {
-    {64, 80, 80, 80, 80, 78, 80},   {80, 80, 76, 80, 76, 80, 79},   {96, 80, 76, 80, 76, 80, 79},
-    {112, 80, 78, 80, 78, 80, 80},  {128, 80, 80, 80, 80, 80, 79},  {192, 80, 78, 80, 78, 80, 80},
-    {256, 80, 80, 80, 78, 80, 80},
+    {64, 80, 80, 80, 80, 80, 79},   {80, 80, 70, 80, 70, 80, 79},   {96, 80, 70, 80, 70, 80, 79},
+    {112, 80, 68, 80, 68, 80, 77},  {128, 80, 80, 80, 80, 79, 80},  {192, 80, 70, 80, 70, 80, 80},
+    {256, 80, 80, 80, 80, 80, 80},
 };
 
 // The tensor-core kernel (fp16 / bf16, groups >= 4; tensor_core_math.cuh), likewise from ptxas -v.
@@ -48,34 +48,18 @@ struct TcRegRow {
   int vllm, nhd;
 };
 constexpr TcRegRow kPass1TcRegisters[] = {
-    {64, 96, 80}, {80, 80, 80}, {96, 80, 80}, {112, 96, 80}, {128, 94, 80}, {192, 96, 80}, {256, 115, 115},
+    {64, 88, 79}, {80, 87, 79}, {96, 86, 80}, {112, 95, 80}, {128, 95, 80}, {192, 96, 80}, {256, 115, 112},
 };
 
-template <int E>
-int pass1_smem(int d) {
-  switch (d) {
-    case 64: return Pass1Policy<E, 64>::kSmemBytes;
-    case 80: return Pass1Policy<E, 80>::kSmemBytes;
-    case 96: return Pass1Policy<E, 96>::kSmemBytes;
-    case 112: return Pass1Policy<E, 112>::kSmemBytes;
-    case 128: return Pass1Policy<E, 128>::kSmemBytes;
-    case 192: return Pass1Policy<E, 192>::kSmemBytes;
-    case 256: return Pass1Policy<E, 256>::kSmemBytes;
-  }
-  throw_invalid("head_size", d, "64, 80, 96, 112, 128, 192, 256");
-}
-
-int pass1_tc_smem(int d) {
-  switch (d) {
-    case 64: return TcPass1Policy<2, 64>::kSmemBytes;
-    case 80: return TcPass1Policy<2, 80>::kSmemBytes;
-    case 96: return TcPass1Policy<2, 96>::kSmemBytes;
-    case 112: return TcPass1Policy<2, 112>::kSmemBytes;
-    case 128: return TcPass1Policy<2, 128>::kSmemBytes;
-    case 192: return TcPass1Policy<2, 192>::kSmemBytes;
-    case 256: return TcPass1Policy<2, 256>::kSmemBytes;
-  }
-  throw_invalid("head_size", d, "64, 80, 96, 112, 128, 192, 256");
+// Static shared memory of the pass-1 kernel a spec selects: the policy's, one array (ptxas agrees).
+int pass1_smem(int elem_bytes, bool tensor_cores, int d) {
+  const int bytes = with_head_size(d, [&](auto D) {
+    constexpr int kD = decltype(D)::value;
+    if (tensor_cores) return TcPass1Policy<2, kD>::kSmemBytes;
+    return elem_bytes == 4 ? Pass1Policy<4, kD>::kSmemBytes : Pass1Policy<2, kD>::kSmemBytes;
+  }, -1);
+  if (bytes < 0) throw_invalid("head_size", d, "64, 80, 96, 112, 128, 192, 256");
+  return bytes;
 }
 
 }  // namespace
@@ -99,7 +83,7 @@ KernelResources pass1_resources(const AttentionSpec& spec) {
     const TcRegRow* row = std::find_if(std::begin(kPass1TcRegisters), std::end(kPass1TcRegisters),
                                        [&](const TcRegRow& t) { return t.d == spec.head_size; });
     r.registers = nhd ? row->nhd : row->vllm;
-    r.smem_bytes = pass1_tc_smem(spec.head_size);
+    r.smem_bytes = pass1_smem(elem, true, spec.head_size);
     return r;
   }
   const RegRow* row = std::find_if(std::begin(kPass1Registers), std::end(kPass1Registers),
@@ -109,7 +93,7 @@ KernelResources pass1_resources(const AttentionSpec& spec) {
     case DType::kBFloat16: r.registers = nhd ? row->bf16_nhd : row->bf16_vllm; break;
     case DType::kFloat32: r.registers = nhd ? row->fp32_nhd : row->fp32_vllm; break;
   }
-  r.smem_bytes = dtype_size(spec.dtype) == 4 ? pass1_smem<4>(spec.head_size) : pass1_smem<2>(spec.head_size);
+  r.smem_bytes = pass1_smem(elem, false, spec.head_size);
   return r;
 }
 

@@ -12,9 +12,12 @@
 // (Pass1Policy in decode_policy.hpp): row z takes tokens [z*NR, (z+1)*NR) of every tile, and lane j
 // of a row owns chunks j + k*L (k < KC) of the head dimension (q, and the output accumulators).
 //
-// Pipeline (TileLoader). Tiles of NTOK tokens cycle through S shared-memory stages: while tile t is
-// computed, tiles t+1 .. t+S-1 are in flight as 16-byte cp.async copies with an L2 evict-first
-// policy. Per iteration: wait for tile t's group, one barrier, issue tile t+S-1, compute tile t.
+// Pipeline (TileLoader). Tiles of NTOK tokens cycle through S shared-memory stages as 16-byte
+// cp.async copies with an L2 evict-first policy. Per iteration, for a whole-tile math: wait for tile
+// t's group, one barrier, issue tile t+S-1, compute tile t (tiles t+1 .. t+S-1 in flight); for a
+// split math (the tensor-core one): consume tile t, wait for tile t+1, one barrier (which also
+// publishes what consume stored), issue tile t+S-1, accumulate tile t. The partition's last tile
+// runs after the loop, the only one masked.
 // Block ids are read once per tile per block, S tiles ahead, into a small shared table of segment
 // offsets; block_size enters as a shift and a mask. Pages are copied verbatim in their own layout
 // (decode_policy.hpp places the chunks so that reads and writes are bank-conflict free); only the
@@ -22,8 +25,8 @@
 //
 // Math (CudaCoreMath). Per tile and row: NR partial dot products in registers, a reduce-scatter
 // across the row's lanes that leaves each lane one token's full dot (NR - 1 shuffles for NR tokens,
-// instead of log2(L) per token), the logit and the online-softmax update on that, then p . v with
-// each p broadcast by one shuffle. fp32 accumulation; every reduction has a fixed order, so results
+// instead of log2(L) per token), the logit and the online-softmax update on that (ex2.approx, one
+// -inf guard per row), then p . v with each p broadcast by one shuffle. fp32 accumulation; every reduction has a fixed order, so results
 // are deterministic (eager == graph, replays bitwise equal). The Z slices merge by shuffles at the end.
 // A second math takes CudaCoreMath's place for fp16 / bf16 with GQA groups of 4 or more:
 // TensorCoreMath (tensor_core_math.cuh, instantiated in inst/decode_tc_*.cu) gets the same loader,
@@ -43,6 +46,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "decodegraph/fault.hpp"
 #include "kernels/cuda_check.hpp"
@@ -209,9 +213,15 @@ __device__ __forceinline__ BlockHeads block_heads(const DecodeParams& p) {
 // ---------------------------------------------------------------- math (CUDA cores)
 // A math (see docs/kernels.md, "Adding a second math") is a class template Math<T, D, Layout> with
 //   Policy                           its tile / stage policy (the loader and the driver follow it);
+//   kSplitTile                       false: consume folds a whole tile; true: consume and then,
+//                                    after the driver's barrier (which publishes what consume
+//                                    stored in shared memory), accumulate(sv) finish it;
 //   bool init(p, seq, len)           load q, reset the state; false: this warp takes no part
 //                                    (warp-uniform; such warps only copy);
-//   consume(sk, sv, tile_start, end) fold one tile (shared addresses of its K and V parts);
+//   consume<kMasked>(sk, sv, tile_start, end)
+//                                    fold one tile (shared addresses of its K and V parts);
+//                                    kMasked only for the partition's last tile, the only one
+//                                    that can hold tokens at or past `end`;
 //   finish(), write(p, seq, part)    merge what lanes keep, write V1 output or V2 partials.
 
 /// One warp per query head: q and the output accumulators in registers, per-row logits in
@@ -221,6 +231,7 @@ struct CudaCoreMath {
   using Policy = Pass1Policy<sizeof(T), D>;
   using P = Policy;
   static constexpr int kMaxRegisters = kPass1MaxRegisters;
+  static constexpr bool kSplitTile = false;
   using Conv = ChunkConvert<T>;
   static constexpr int L = P::kLanes;
   static constexpr int NR = P::kRowTokens;
@@ -290,8 +301,10 @@ struct CudaCoreMath {
     return true;
   }
 
-  /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state.
-  /// sk / sv: shared addresses of the stage's K and V parts (kStageAlign-aligned).
+  /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state;
+  /// kMasked: tokens at or past `end` weigh 0. sk / sv: shared addresses of the stage's K and V
+  /// parts (kStageAlign-aligned).
+  template <bool kMasked>
   __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
     const int t0 = z * NR;
     const dev::SmemAddr kb = sk + k_lane;
@@ -332,15 +345,19 @@ struct CudaCoreMath {
 #pragma unroll
     for (int o = NR; o < L; o *= 2) dot[0] += __shfl_xor_sync(kFullMask, dot[0], o);
 
-    // Logit of this lane's token, the tile max over the row, the online-softmax update.
+    // Logit of this lane's token (the one place a logit is formed and masked), the tile max over
+    // the row, the online-softmax step (one -inf guard for the row), the weight.
     const int pos = tile_start + t0 + owner(j & (NR - 1));
-    const float s = pos < end ? math::logit(dot[0], scale2, slope2, pos, len) : math::neg_inf();
+    float s = math::logit2(dot[0], scale2, math::alibi_bias2(slope2, pos, len));
+    if (kMasked && pos >= end) s = math::neg_inf();
     float tile_max = s;
 #pragma unroll
     for (int o = 1; o < NR; o *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, o));
-    const float f = math::online_rescale2(m, l, tile_max);
-    const float w = math::exp2_shifted(s, m);
-    l += w;
+    const math::MaxStep st = math::online_max2(m, tile_max);
+    const float f = st.moved ? dev::ex2(m - st.sub) : 1.0f;
+    m = st.m;
+    const float w = dev::ex2(s - st.sub);
+    l = l * f + w;
 #pragma unroll
     for (int k = 0; k < KC; ++k)
 #pragma unroll
@@ -383,6 +400,9 @@ struct CudaCoreMath {
       }
     }
   }
+
+  /// Nothing: consume folds whole tiles (kSplitTile false).
+  __device__ __forceinline__ void accumulate(dev::SmemAddr) {}
 
   /// Sums l over the row and merges the warp's Z slices (fixed butterfly: deterministic). Every
   /// lane then holds the head's state for its chunks.
@@ -448,6 +468,21 @@ struct CudaCoreMath {
 
 // ---------------------------------------------------------------- device body
 
+/// The pass-1 kernel's static shared memory (P::kSmemBytes), one array: the S stages
+/// (kStageAlign-aligned, the swizzles XOR into their addresses), the math's exchange buffer
+/// (P::kExchangeBytes; none for the CUDA-core math), the block-id table. One array, so that the
+/// stages' alignment costs no padding whatever the compiler's placement of arrays.
+template <class P>
+__device__ __forceinline__ char* pass1_shared() {
+  static_assert(P::kSmemBytes % 16 == 0, "whole 16-byte chunks");
+  __shared__ __align__(P::kStageAlign) uint4 s_pass1[P::kSmemBytes / 16];
+  return reinterpret_cast<char*>(s_pass1);
+}
+template <class P>
+__device__ __forceinline__ char* pass1_exchange() {
+  return pass1_shared<P>() + P::kStages * P::kStageBytes;
+}
+
 template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
 __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   using M = Math<T, D, kLayout>;
@@ -456,10 +491,10 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   constexpr int NTOK = P::kTileTokens;
   constexpr int NSEG = P::kMaxSegments;
   constexpr int kStageChunks = 2 * P::kOperandChunks;
+  static_assert(S >= 3, "a split math waits for tile t+1 with S-3 groups in flight");
 
-  __shared__ __align__(P::kStageAlign) uint4 s_stages[S * kStageChunks];
-  __shared__ int32_t s_seg[S * NSEG];
-  char* const stages = reinterpret_cast<char*>(s_stages);
+  char* const stages = pass1_shared<P>();
+  int32_t* const s_seg = reinterpret_cast<int32_t*>(pass1_exchange<P>() + P::kExchangeBytes);
 
   const int part = blockIdx.x;
   const int seq = blockIdx.z;
@@ -506,20 +541,42 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   }
 
   // ------------------------------------------------ main loop over tiles (block-uniform bounds)
-  for (int t = 0; t < ntiles; ++t) {
-    dev::cp_async_wait<S - 2>();  // this thread's copies of tile t have landed
-    __syncthreads();              // everyone's have; and everyone is done with tile t-1's stage
+  // One tile t per step. A whole-tile math (kSplitTile false): wait for tile t, one barrier
+  // (everyone's copies landed; everyone is done with tile t-1, whose stage is refilled), issue tile
+  // t+S-1, compute tile t. A split math: consume(t) (with its own barrier inside), wait for tile
+  // t+1, one barrier (tile t+1 landed; what consume(t) stored is visible; everyone is done with
+  // tile t-1's stage: its V was read before consume(t)'s barrier), issue tile t+S-1 into that
+  // stage, accumulate(t). The partition's last tile runs after the loop with the mask, so the loop
+  // itself never masks.
+  auto step = [&](int t, auto last) {
     const int tn = t + S - 1;
-    if (tn < ntiles) loader.issue(stage_k(tn), stage_v(tn), s_seg + (tn % S) * NSEG, start + tn * NTOK, end);
-    dev::cp_async_commit();
+    if constexpr (!M::kSplitTile) {
+      dev::cp_async_wait<S - 2>();  // this thread's copies of tile t have landed
+      __syncthreads();
+      if (tn < ntiles) loader.issue(stage_k(tn), stage_v(tn), s_seg + (tn % S) * NSEG, start + tn * NTOK, end);
+      dev::cp_async_commit();
+    }
     // Block ids of tile t+S: loaded now, stored after the math so the load's latency hides behind
     // it. Slot (t+S) % S held tile t's offsets, whose copies were issued S-1 iterations ago.
     const int tf = t + S;
     const bool fetch = tid < nseg && tf < ntiles;
     const int32_t id = fetch ? loader.load_id(table, start + tf * NTOK, end, tid) : 0;
-    if (active) math.consume(dev::smem_addr(stage_k(t)), dev::smem_addr(stage_v(t)), start + t * NTOK, end);
+    if (active) math.template consume<decltype(last)::value>(dev::smem_addr(stage_k(t)), dev::smem_addr(stage_v(t)), start + t * NTOK, end);
+    if constexpr (M::kSplitTile) {
+      dev::cp_async_wait<S - 3>();  // this thread's copies of tile t+1 have landed
+      __syncthreads();
+      if (tn < ntiles) loader.issue(stage_k(tn), stage_v(tn), s_seg + (tn % S) * NSEG, start + tn * NTOK, end);
+      dev::cp_async_commit();
+      if (active) math.accumulate(dev::smem_addr(stage_v(t)));
+    }
     if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.clamp_id(p, id, loader.segment_index(start + tf * NTOK, tid), bad);
+  };
+  if constexpr (M::kSplitTile) {
+    dev::cp_async_wait<S - 2>();  // tile 0
+    __syncthreads();
   }
+  for (int t = 0; t < ntiles - 1; ++t) step(t, std::false_type{});
+  step(ntiles - 1, std::true_type{});
   TileLoader<T, D, kLayout, P>::report_bad_block(p, seq, bad);
 
   if (!active) return;  // no barrier below

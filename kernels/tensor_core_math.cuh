@@ -1,32 +1,42 @@
 // The tensor-core math of the pass-1 kernel (paged_decode.cuh), for fp16 / bf16 with GQA groups of
-// 4 or more: q.k and p.v on mma.sync.m16n8k16 (fp32 accumulation), everything else as the
-// CUDA-core math does it (exp2-domain online softmax in fp32, one fixed reduction order, V1 output
-// or V2 partials in natural units, ALiBi, row strides, padded rows and partitions past the end).
+// 4 or more: q.k and p.v on mma.sync.m16n8k16 (fp32 accumulation), the softmax in fp32 (exp2
+// domain, online, one fixed reduction order), V1 output or V2 partials in natural units, ALiBi, row
+// strides, padded rows and partitions past the end, like the CUDA-core math.
 //
 // Mapping. The block's query heads (<= 16: the head chunk) are the 16 rows of M, padded with zero
 // rows whose outputs are never written. Per tile of NTOK tokens (TcPass1Policy):
 //   q.k  S[16 x NTOK] = Q K^T: N = tokens (NN = NTOK / 8 n-tiles), K = head dimension (D / 16
 //        steps). Warp w computes the partial S of token n-tile w % NN over k-steps
 //        [(w / NN) * KSW, + KSW): one m16n8 accumulator. B = K[token][d] comes straight from the
-//        stage with ldmatrix (16-byte rows = 8 d of one token, in both layouts).
-//   exchange  each lane stores its 4 partial values (16 bytes) into a 2 KB buffer, one barrier, and
-//        every warp sums the partials of every n-tile in the same order: all four warps hold the
-//        same S, bitwise.
-//   softmax  logits in base 2, masked past the end, the row max over the 4 lanes of a quad, the
-//        online update, p = 2^(s - m) in fp32; l is summed per lane and over the quad at the end.
-//   p.v  O[16 x D] += P V: K = tokens (the S accumulators repacked to fp16 / bf16 are the A
-//        fragments), N = d. Warp w owns d-tiles [w * NTW, + NTW); B = V[token][d] via ldmatrix:
-//        non-transposed from the vLLM layout (d-major: a 16-byte row is 8 tokens of one d, which is
-//        the B fragment's order), transposed from NHD.
+//        stage with ldmatrix (16-byte rows = 8 d of one token, in both layouts). k-steps past D
+//        (D = 80, 112) are skipped, so a +-inf in the clamped K chunk they would read cannot
+//        multiply q = 0 into NaN.
+//   scores  each lane stores its 4 partial values (16 bytes) into a 2 KB buffer, one barrier.
+//   softmax  warp w owns rows [4w, 4w + 4): a lane sums the partials of its kPairsPerLane token
+//        pairs of one row (fixed order), forms the logits in base 2 (masked past the end in the
+//        partition's last tile only), takes the row max over its kLanesPerRow lanes, the online
+//        step (one -inf guard per row), the weights p = ex2.approx(s - sub) in fp32, and stores
+//        them as p.v A fragments: hi = rn(p), lo = rn(p - hi) in the model dtype (TcPvWeights), and
+//        the row's rescale factor. The pipeline's barrier (paged_decode_body) publishes them.
+//   p.v  O[16 x D] = O * f + (hi + lo) V: K = tokens, N = d, two mma per k-step (hi, then lo).
+//        Warp w owns d-tiles [w * NTW, + NTW); B = V[token][d] via ldmatrix: non-transposed from
+//        the vLLM layout (d-major: a 16-byte row is 8 tokens of one d, the B fragment's order),
+//        transposed from NHD. One more pair of mma with B = ones sums the weights exactly as the
+//        products used them: that sum, l, normalises the output, so its weights sum to 1.
 // Why the split: one warp doing the whole tile would keep D / 2 accumulator and D / 4 q registers
 // per lane (128 + 64 at D = 256); splitting d over the warps leaves NTW x 4 and KSW x 4 (<= 32 and
-// 16), and the price is the 2 KB exchange and one barrier per tile. With tiles of 8 tokens
-// (D >= 192) the p.v step's upper 8 tokens are zero in both operands.
+// 16); splitting the softmax over the warps runs it once, not four times, for the price of a 1-2 KB
+// exchange inside the pipeline's barrier. With tiles of 8 tokens (D >= 192) the p.v step's upper 8
+// tokens are zero in both operands.
+// Numerics (docs/design.md, "Numerical contract"): each weight keeps 2^-16 (bf16) / 2^-22 (fp16)
+// of itself; fp16 weights are scaled by 2^15 (math::kTcWeightShiftFp16) so that the lo parts stay
+// normal numbers. host_attention.cpp models this math per path.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/paged_decode.cuh"
 
@@ -37,6 +47,8 @@ struct TensorCoreMath {
   using Policy = TcPass1Policy<sizeof(T), D>;
   using P = Policy;
   static constexpr int kMaxRegisters = tc_pass1_max_registers(D, kLayout);
+  /// The driver runs consume, then its barrier, then accumulate (paged_decode_body).
+  static constexpr bool kSplitTile = true;
   static constexpr int NN = P::kTokenTiles;
   static constexpr int KSPLIT = P::kKSplit;
   static constexpr int KS = P::kKSteps;
@@ -49,21 +61,38 @@ struct TensorCoreMath {
   static constexpr int MV = P::kVMatrices;
   static constexpr int LK = (MK + 3) / 4;  // ldmatrix per tile for K
   static constexpr int LV = (MV + 3) / 4;  // and for V
+  static constexpr int PPL = P::kPairsPerLane;
+  static constexpr int LPR = P::kLanesPerRow;
+  static constexpr int WP = P::kWeightParts;  // 2: hi and lo; 1: rounded weights
+  static constexpr bool kFp16 = std::is_same_v<T, __half>;
+  static constexpr float kShift = kFp16 ? static_cast<float>(math::kTcWeightShiftFp16) : 0.0f;
+  static constexpr uint32_t kOnes = kFp16 ? 0x3c003c00u : 0x3f803f80u;  // (1, 1) in T
+  /// k-steps past D exist when the warps' shares do not divide D / 16 (D = 80, 112).
+  static constexpr bool kPaddedKSteps = KSW * KSPLIT != KS;
 
   uint32_t qa[KSW][4];  // A fragments of q for this warp's k-steps (zero past D and past the heads)
   float acc[NTW][4];    // C fragments of the output for this warp's d-tiles
-  float m[2];           // running max (base 2) of rows g and g + 8
-  float l[2];           // this lane's share of their exp sums until finish(); then the rows' totals
+  float lsum[2];        // sum of the weights (the products' own: weights x ones) of rows g, g + 8
+  float m;              // running max (base 2) of the softmax row this lane owns
   float scale2;         // scale * log2(e)
-  float slope2[2];      // ALiBi slope * log2(e) of rows g and g + 8
-  int len;
+  float slope2;         // ALiBi slope * log2(e) of the owned row (0 for padded rows)
+  int pos_off;          // the owned pairs' first token in the tile, minus seq_len - 1 (ALiBi)
+  int s_off;            // float2 index of the owned row's first pair in the score buffer
+  int w_off;            // word index of its first pair in the weight buffer
   // Byte offsets, from a stage's K / V part, of this lane's ldmatrix row addresses (decode_policy.hpp).
   int k_off[LK];
   int v_off[LV];
 
-  __device__ __forceinline__ static float4* exchange() {
-    __shared__ __align__(16) float4 s_exchange[P::kWarps * 32];
-    return s_exchange;
+  // The exchange buffer (TcPass1Policy::kExchangeBytes, inside the kernel's one shared array,
+  // pass1_shared): partial scores [warp][lane]; weights as A fragments [part][p.v step][lane];
+  // rescale factors of rows (g, g + 8) [g].
+  __device__ __forceinline__ static float4* exchange() { return reinterpret_cast<float4*>(pass1_exchange<P>()); }
+  __device__ __forceinline__ static float4* scores() { return exchange(); }
+  __device__ __forceinline__ static uint4* weights() {
+    return reinterpret_cast<uint4*>(exchange() + P::kScoreBytes / 16);
+  }
+  __device__ __forceinline__ static float2* factors() {
+    return reinterpret_cast<float2*>(exchange() + (P::kScoreBytes + P::kWeightBytes) / 16);
   }
 
   /// Rows (query heads) of this block and the first one's index.
@@ -78,26 +107,35 @@ struct TensorCoreMath {
     return Rows{p.heads_per_block < left ? p.heads_per_block : left, bh.kv_head * p.group_size + first};
   }
 
-  /// Loads this warp's q fragments; every warp takes part.
+  /// The softmax row (0..15) lane `lane` of warp `warp` owns, and its first token pair.
+  __device__ __forceinline__ static int owned_row(int warp, int lane) { return 4 * warp + (lane % P::kSoftmaxLanes) / LPR; }
+  __device__ __forceinline__ static int owned_pair(int lane) { return (lane % LPR) * PPL; }
+
+  /// Loads this warp's q fragments and its softmax row's constants; every warp takes part.
   __device__ __forceinline__ bool init(const DecodeParams& p, int seq, int seq_len) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int warp = static_cast<int>(threadIdx.x) / 32;
     const int g = lane >> 2;
     const int t = lane & 3;
     const Rows r = rows(p);
-    len = seq_len;
     scale2 = p.scale * math::kLog2e;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = g + 8 * h;
-      slope2[h] = p.alibi_slopes != nullptr && row < r.count ? p.alibi_slopes[r.head0 + row] * math::kLog2e : 0.0f;
-      m[h] = math::neg_inf();
-      l[h] = 0.0f;
-    }
+    const int row = owned_row(warp, lane);
+    slope2 = p.alibi_slopes != nullptr && row < r.count ? p.alibi_slopes[r.head0 + row] * math::kLog2e : 0.0f;
+    m = math::neg_inf();
+    // Pair q of the owned row holds tokens c = 2q, 2q + 1: n-tile c / 8, C-fragment lane
+    // 4 (row % 8) + (c % 8) / 2, registers 2 (row / 8), +1 (a float2); A-fragment step c / 16,
+    // lane the same, register row / 8 + 2 ((c % 16) / 8). The lane's PPL pairs are consecutive,
+    // so the others are at +1 float2 / +4 words.
+    const int c0 = 2 * owned_pair(lane);
+    pos_off = c0 - (seq_len - 1);
+    const int fl = 4 * (row % 8) + (c0 % 8) / 2;
+    s_off = 2 * ((c0 / 8) * 32 + fl) + row / 8;
+    w_off = 4 * ((c0 / 16) * 32 + fl) + row / 8 + 2 * ((c0 % 16) / 8);
 #pragma unroll
     for (int i = 0; i < NTW; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+    lsum[0] = lsum[1] = 0.0f;
     // a[reg]: row g + 8 (reg & 1), columns 16 ks + 8 (reg >> 1) + 2t, +1 (one 32-bit word).
     const T* q = static_cast<const T*>(p.q) + seq * p.q_stride + static_cast<int64_t>(r.head0) * D;
     const int ks0 = (warp / NN) * KSW;
@@ -105,10 +143,10 @@ struct TensorCoreMath {
     for (int i = 0; i < KSW; ++i)
 #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
-        const int row = g + 8 * (reg & 1);
+        const int qrow = g + 8 * (reg & 1);
         const int col = 16 * (ks0 + i) + 8 * (reg >> 1) + 2 * t;
-        qa[i][reg] = ks0 + i < KS && row < r.count
-                         ? __ldg(reinterpret_cast<const uint32_t*>(q + static_cast<int64_t>(row) * D + col))
+        qa[i][reg] = ks0 + i < KS && qrow < r.count
+                         ? __ldg(reinterpret_cast<const uint32_t*>(q + static_cast<int64_t>(qrow) * D + col))
                          : 0u;
       }
 #pragma unroll
@@ -139,143 +177,191 @@ struct TensorCoreMath {
     }
   }
 
-  /// Folds tile tokens [tile_start, tile_start + NTOK) (those at or past `end` masked) into the
-  /// state. sk / sv: shared addresses of the stage's K and V parts. Contains a block barrier: all
-  /// warps call it for every tile.
-  __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
+  /// The base-2 logit of one owned token: pos = its position, bias = its ALiBi term. The one place
+  /// a logit is formed and masked (kMasked: the partition's last tile, the only one that can reach
+  /// past `end`); a per-logit transform (soft-cap) or another mask (a window) goes here.
+  template <bool kMasked>
+  __device__ __forceinline__ float logit(float dot, float bias, int pos, int end) const {
+    const float s = math::logit2(dot, scale2, bias);
+    return kMasked && pos >= end ? math::neg_inf() : s;
+  }
+
+  /// First half of a tile [tile_start, tile_start + NTOK) (tokens at or past `end` masked when
+  /// kMasked): q.k, the score exchange (a block barrier: every warp calls it for every tile), the
+  /// softmax of this warp's rows and the weights' store. sk / sv: shared addresses of the stage's K
+  /// and V parts. The driver's barrier then publishes the weights; accumulate(sv) folds them in.
+  template <bool kMasked>
+  __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr /*sv*/, int tile_start, int end) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int warp = static_cast<int>(threadIdx.x) / 32;
-    const int t = lane & 3;
 
     // Partial q.k of token n-tile warp % NN over this warp's k-steps (matrix 2i + b: B register b
     // of k-step i).
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t b0 = 0u;
+    const int ks0 = (warp / NN) * KSW;
     for_matrices<MK, false>(sk, k_off, [&](int mu, uint32_t b) {
       if (mu % 2 == 0) {
         b0 = b;
-      } else {
+      } else if (!kPaddedKSteps || ks0 + mu / 2 < KS) {  // warp-uniform
         dev::mma_m16n8k16<T>(s, qa[mu / 2], b0, b);
       }
     });
-
-    // Exchange: n-tile j's partials come from warps j, j + NN, ...; summed in that order by every
-    // warp, so all warps hold the same S.
-    float4* x = exchange();
+    float4* x = scores();
     x[warp * 32 + lane] = float4{s[0], s[1], s[2], s[3]};
     __syncthreads();
-    float S[NN][4];
+
+    // The owned pairs' scores: n-tile j's partials come from warps j, j + NN, ..., summed in that
+    // order. Then the logits, the row max over the row's LPR lanes, the online step.
+    const float2* x2 = reinterpret_cast<const float2*>(x);
+    float sc[2 * PPL];
+    // bias0: the ALiBi term of the first owned token, slope2 * (pos - seq_len + 1); pos0 its
+    // position (for the mask: only the last tile evaluates it).
+    const float bias0 = slope2 * static_cast<float>(tile_start + pos_off);
+    const int pos0 = tile_start + 2 * owned_pair(lane);
+    float mx = math::neg_inf();
 #pragma unroll
-    for (int j = 0; j < NN; ++j) {
-      float4 v = x[j * 32 + lane];
+    for (int i = 0; i < PPL; ++i) {
+      float2 v = x2[s_off + 2 * i];
 #pragma unroll
       for (int kp = 1; kp < KSPLIT; ++kp) {
-        const float4 o = x[(kp * NN + j) * 32 + lane];
+        const float2 o = x2[s_off + 2 * i + 2 * 32 * NN * kp];
         v.x += o.x;
         v.y += o.y;
-        v.z += o.z;
-        v.w += o.w;
       }
-      S[j][0] = v.x;
-      S[j][1] = v.y;
-      S[j][2] = v.z;
-      S[j][3] = v.w;
-    }
-
-    // Logits in base 2 (S[j][e]: row g + 8 (e >> 1), token 8j + 2t + (e & 1)), the rows' tile max
-    // over the quad, the online-softmax update, the weights.
-    float mx[2] = {math::neg_inf(), math::neg_inf()};
-#pragma unroll
-    for (int j = 0; j < NN; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int pos = tile_start + 8 * j + 2 * t + (e & 1);
-        S[j][e] = pos < end ? math::logit(S[j][e], scale2, slope2[e >> 1], pos, len) : math::neg_inf();
-        mx[e >> 1] = fmaxf(mx[e >> 1], S[j][e]);
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 2));
-      const float f = math::online_rescale2(m[h], l[h], mx[h]);
-#pragma unroll
-      for (int i = 0; i < NTW; ++i) {
-        acc[i][2 * h] *= f;
-        acc[i][2 * h + 1] *= f;
-      }
+      sc[2 * i] = logit<kMasked>(v.x, bias0 + slope2 * static_cast<float>(2 * i), pos0 + 2 * i, end);
+      sc[2 * i + 1] = logit<kMasked>(v.y, bias0 + slope2 * static_cast<float>(2 * i + 1), pos0 + 2 * i + 1, end);
+      mx = fmaxf(mx, fmaxf(sc[2 * i], sc[2 * i + 1]));
     }
 #pragma unroll
-    for (int j = 0; j < NN; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        S[j][e] = math::exp2_shifted(S[j][e], m[e >> 1]);
-        l[e >> 1] += S[j][e];
-      }
+    for (int o = 1; o < LPR; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, o));
+    const math::MaxStep st = math::online_max2(m, mx);
+    const float f = st.moved ? dev::ex2(m - st.sub) : 1.0f;
+    m = st.m;
+    const float sub = st.sub - kShift;
 
-    // p.v: the weights of tokens [16 kt, 16 kt + 16) as A fragments (n-tiles 2kt and 2kt + 1),
-    // then matrix mu = (kt * NTW + i) * H + h is B register h of d-tile i's step kt.
-    uint32_t pa[KT][4];
+    // The weights as A fragments: hi = rn(p) (and lo = rn(p - hi)); the row's rescale factor.
+    uint32_t* w = reinterpret_cast<uint32_t*>(weights());
+    const bool stores = P::kSoftmaxLanes == 32 || lane < P::kSoftmaxLanes;
+#pragma unroll
+    for (int i = 0; i < PPL; ++i) {
+      const float p0 = dev::ex2(sc[2 * i] - sub);
+      const float p1 = dev::ex2(sc[2 * i + 1] - sub);
+      const uint32_t hi = pack_pair<T>(p0, p1);
+      if (stores) w[w_off + 4 * i] = hi;
+      if constexpr (WP == 2) {
+        const float2 h = unpack_pair(hi);
+        const uint32_t lo = pack_pair<T>(p0 - h.x, p1 - h.y);
+        if (stores) w[w_off + 4 * i + KT * 32 * 4] = lo;
+      }
+    }
+    const int row = owned_row(warp, lane);
+    if (stores && lane % LPR == 0) reinterpret_cast<float*>(factors())[2 * (row % 8) + row / 8] = f;
+  }
+
+  /// Second half of a tile, after the driver's barrier: rescales the output by the rows' factors
+  /// and adds the weights times V (sv: the stage's V part) and times ones (the weights' sum).
+  __device__ __forceinline__ void accumulate(dev::SmemAddr sv) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const float2 f = factors()[lane >> 2];
+#pragma unroll
+    for (int i = 0; i < NTW; ++i) {
+      acc[i][0] *= f.x;
+      acc[i][1] *= f.x;
+      acc[i][2] *= f.y;
+      acc[i][3] *= f.y;
+    }
+    lsum[0] *= f.x;
+    lsum[1] *= f.y;
+    // A fragments: pa[part][kt]. 8-token tiles (NN = 1) have no tokens 8..15, so k 8..15 of the
+    // step carry the lo parts instead (registers 2, 3 = lo's 0, 1; B's upper half repeats V):
+    // one mma folds hi.V + lo.V.
+    constexpr int kParts = NN > 1 ? WP : 1;
+    uint32_t pa[kParts][KT][4];
+    const uint4* w = weights();
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      pa[kt][0] = pack_pair<T>(S[2 * kt][0], S[2 * kt][1]);
-      pa[kt][1] = pack_pair<T>(S[2 * kt][2], S[2 * kt][3]);
       if constexpr (NN > 1) {
-        pa[kt][2] = pack_pair<T>(S[2 * kt + 1][0], S[2 * kt + 1][1]);
-        pa[kt][3] = pack_pair<T>(S[2 * kt + 1][2], S[2 * kt + 1][3]);
+#pragma unroll
+        for (int part = 0; part < WP; ++part) {
+          const uint4 v = w[(part * KT + kt) * 32 + lane];
+          pa[part][kt][0] = v.x;
+          pa[part][kt][1] = v.y;
+          pa[part][kt][2] = v.z;
+          pa[part][kt][3] = v.w;
+        }
       } else {
-        pa[kt][2] = 0u;  // tokens 8..15 of the step do not exist (8-token tiles)
-        pa[kt][3] = 0u;
+        const uint32_t* hi = reinterpret_cast<const uint32_t*>(w + kt * 32 + lane);
+        pa[0][kt][0] = hi[0];
+        pa[0][kt][1] = hi[1];
+        if constexpr (WP == 2) {
+          const uint32_t* lo = reinterpret_cast<const uint32_t*>(w + (KT + kt) * 32 + lane);
+          pa[0][kt][2] = lo[0];
+          pa[0][kt][3] = lo[1];
+        } else {
+          pa[0][kt][2] = 0u;
+          pa[0][kt][3] = 0u;
+        }
       }
     }
+    // Matrix mu = (kt * NTW + i) * H + h is B register h of d-tile i's step kt.
     uint32_t v0 = 0u;
     for_matrices<MV, kLayout == KVLayout::kNHD>(sv, v_off, [&](int mu, uint32_t b) {
       const int kt = mu / H / NTW;
       const int i = mu / H % NTW;
-      if (H == 1) {
-        dev::mma_m16n8k16<T>(acc[i], pa[kt], b, 0u);
-      } else if (mu % 2 == 0) {
+      if (H == 2 && mu % 2 == 0) {
         v0 = b;
-      } else {
-        dev::mma_m16n8k16<T>(acc[i], pa[kt], v0, b);
+        return;
       }
+      const uint32_t b0 = H == 1 ? b : v0;
+      const uint32_t b1 = H == 1 ? (WP == 2 ? b : 0u) : b;
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) dev::mma_m16n8k16<T>(acc[i], pa[part][kt], b0, b1);
     });
+    // The weights' row sums, as the products used them: C registers 0 and 2 (rows g, g + 8); 1
+    // and 3 hold the same sums again and are not kept.
+    float ls[4] = {lsum[0], 0.0f, lsum[1], 0.0f};
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) dev::mma_m16n8k16<T>(ls, pa[part][kt], kOnes, kOnes);
+    lsum[0] = ls[0];
+    lsum[1] = ls[2];
   }
 
-  /// Sums l over the quad (fixed order). m is the same in all lanes of a quad and in all warps.
-  __device__ __forceinline__ void finish() {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[h] += __shfl_xor_sync(kFullMask, l[h], 1);
-      l[h] += __shfl_xor_sync(kFullMask, l[h], 2);
-    }
-  }
+  /// Nothing left to merge: every lane holds l of rows g, g + 8 (lsum), the owners the rows' max.
+  __device__ __forceinline__ void finish() {}
 
   /// Each warp writes its d-tiles of the block's real rows: V1 the normalised output, V2 the
-  /// partial (m in natural units and l from warp 0, acc / l).
+  /// partial (m in natural units from the row's softmax owner, l unscaled from warp 0, acc / l).
   __device__ __forceinline__ void write(const DecodeParams& p, int seq, int part) const {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int warp = static_cast<int>(threadIdx.x) / 32;
     const int g = lane >> 2;
     const int t = lane & 3;
     const Rows r = rows(p);
+    if (p.write_partials) {
+      const int row = owned_row(warp, lane);
+      if (lane % LPR == 0 && lane < P::kSoftmaxLanes && row < r.count)
+        p.max_logits[math::partial_index(seq, r.head0 + row, part, p.num_q_heads, p.max_partitions)] =
+            m * math::kLn2;  // back to natural logits for the merge
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = g + 8 * h;
       if (row >= r.count) continue;
       const int q_head = r.head0 + row;
+      const float l = lsum[h];
       if (p.write_partials) {
         const int64_t idx = math::partial_index(seq, q_head, part, p.num_q_heads, p.max_partitions);
-        if (warp == 0 && t == 0) {
-          p.max_logits[idx] = m[h] * math::kLn2;  // back to natural logits for the merge
-          p.exp_sums[idx] = l[h];
-        }
+        if (warp == 0 && t == 0) p.exp_sums[idx] = kFp16 ? l * (1.0f / (1 << math::kTcWeightShiftFp16)) : l;
         float* dst = p.partial_out + idx * D;
 #pragma unroll
         for (int i = 0; i < NTW; ++i) {
           const int dt = warp * NTW + i;
           if (NTW * P::kWarps == NDT || dt < NDT)
             *reinterpret_cast<float2*>(dst + 8 * dt + 2 * t) =
-                float2{math::normalise(acc[i][2 * h], l[h]), math::normalise(acc[i][2 * h + 1], l[h])};
+                float2{math::normalise(acc[i][2 * h], l), math::normalise(acc[i][2 * h + 1], l)};
         }
       } else {
         T* dst = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D;
@@ -284,9 +370,20 @@ struct TensorCoreMath {
           const int dt = warp * NTW + i;
           if (NTW * P::kWarps == NDT || dt < NDT)
             *reinterpret_cast<uint32_t*>(dst + 8 * dt + 2 * t) =
-                pack_pair<T>(math::normalise(acc[i][2 * h], l[h]), math::normalise(acc[i][2 * h + 1], l[h]));
+                pack_pair<T>(math::normalise(acc[i][2 * h], l), math::normalise(acc[i][2 * h + 1], l));
         }
       }
+    }
+  }
+
+  /// The two elements of a packed pair (pack_pair's order) as floats, exactly.
+  __device__ __forceinline__ static float2 unpack_pair(uint32_t w) {
+    if constexpr (kFp16) {
+      __half2 h;
+      memcpy(&h, &w, sizeof h);
+      return __half22float2(h);
+    } else {
+      return float2{decodegraph::bits_float(w << 16), decodegraph::bits_float(w & 0xffff0000u)};
     }
   }
 };

@@ -48,7 +48,8 @@ REG_ALLOC_UNIT = 256  # registers are allocated per warp in units of 256
 NVCC_FLAGS = ["-std=c++20", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG", "-DDECODEGRAPH_HAS_CUDA=1",
               "-gencode", "arch=compute_90,code=sm_90", "-Xptxas", "-v"]
 
-GUARD_MAX_INSTR_PER_BYTE = 0.30  # bf16, head 128, GQA 4 (issue 9)
+GUARD_MAX_INSTR_PER_BYTE = 0.15  # bf16, head 128, GQA 4, both layouts (issue 19; 0.30 before, issue 9)
+DEFINES: list[str] = []  # --define NAME[=VALUE]: extra -D for nvcc and the probe (variants, e.g. the rounded P.V weights)
 MIX_KEYS = ["ldgsts", "ldg", "sts16", "sts32", "sts64", "sts128", "lds", "shfl", "hmma", "bar"]
 
 
@@ -85,7 +86,7 @@ def compile_unit(nvcc: str, src: Path, out: Path, newest: float) -> Unit:
     kernels/ or include/ and neither the flags nor nvcc changed."""
     keep = out / src.stem
     obj, log_file, stamp = keep / (src.stem + ".o"), keep / "ptxas.log", keep / "command"
-    cmd = [nvcc, *NVCC_FLAGS, *include_flags(), "--keep", "--keep-dir", str(keep),
+    cmd = [nvcc, *NVCC_FLAGS, *DEFINES, *include_flags(), "--keep", "--keep-dir", str(keep),
            "-c", str(src), "-o", str(obj)]
     fresh = (obj.exists() and log_file.exists() and stamp.exists() and stamp.read_text() == " ".join(cmd)
              and obj.stat().st_mtime > newest)
@@ -529,7 +530,7 @@ def run_probe(units: list[Unit], out: Path, groups: list[int]) -> tuple[list[dic
     (out / "probe_instances.inc").write_text("\n".join(inc) + "\n")
     cxx = os.environ.get("CXX", "g++")
     cuda_inc = Path(os.environ["NVCC_PATH"]).resolve().parent.parent / "include"
-    flags = ["-std=c++20", "-O1", f"-I{out}", f"-I{PROBE_DIR}", *include_flags(), f"-I{cuda_inc}"]
+    flags = ["-std=c++20", "-O1", *DEFINES, f"-I{out}", f"-I{PROBE_DIR}", *include_flags(), f"-I{cuda_inc}"]
     try:
         run([cxx, *flags, "-c", str(PROBE_DIR / "probe.cpp"), "-o", str(out / "probe.o")])
     except ToolError as e:
@@ -810,6 +811,8 @@ def main() -> int:
     ap.add_argument("--tools", required=True, help="folder holding cuobjdump and nvdisasm")
     ap.add_argument("--build-dir", required=True, help="scratch folder (objects, cubins, probe)")
     ap.add_argument("--source-root", help="compile SOURCE_ROOT/kernels/inst/*.cu instead (self-test)")
+    ap.add_argument("--define", action="append", default=[], metavar="NAME[=VALUE]",
+                    help="compile with -DNAME[=VALUE] (a kernel variant; use its own BUILD_DIR)")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", os.cpu_count() or 2)))
     args = ap.parse_args()
 
@@ -821,6 +824,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     global SRC
+    DEFINES.extend(f"-D{d}" for d in args.define)
     if args.source_root:
         SRC = Path(args.source_root).resolve()
     srcs = sorted((SRC / "kernels" / "inst").glob("*.cu"))

@@ -1,7 +1,8 @@
 // GPU tests of the eager kernels: V1 and V2 (pass 1 + merge) against the float64 reference over
 // the supported grid, irregular and long lengths, odd batches, large logits, partition-size
 // independence, determinism, padded rows, the vLLM-shaped case, GQA groups above 16 (head
-// chunks), the tensor-core math's group shapes, NaN in cache slots past the lengths, caches past 2^31 elements, the KV append against
+// chunks), the tensor-core math's group shapes, -inf in the K chunk the padded k-steps of heads 80
+// and 112 would read, NaN in cache slots past the lengths, caches past 2^31 elements, the KV append against
 // the host append and explicit layout offsets, the naive kernel, the length clamp, the
 // kernel-launch fault seam, a fused QKV buffer read through row strides, padded rows with host
 // lengths, and block ids outside the cache (clamped, reported through bad_block).
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/numerics.hpp"  // the numerical contract
 #include "../kernels/problem.hpp"  // host problem builder shared with the CPU kernel tests
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
@@ -33,26 +35,10 @@ using dgtest::ProblemSpec;
 using dgtest::Tolerance;
 
 // ---------------------------------------------------------------- tolerances (GPU kernels)
-// Ordinary inputs (|q|, |k|, |v| <= 1): output rounded to the dtype (half-ulp rtol) plus fp32
-// accumulation slack over up to ~50K tokens in an order different from the reference.
-Tolerance gpu_tol(DType d) {
-  switch (d) {
-    case DType::kFloat32: return {2e-5, 1e-4};
-    case DType::kFloat16: return {1e-3, 2e-3};    // half-ulp 4.9e-4 relative
-    case DType::kBFloat16: return {8e-3, 1.6e-2};  // half-ulp 3.9e-3 relative
-  }
-  return {0, 0};
-}
-// Large logits (|q|, |k| in [8, 30]): fp32 logits carry ~1e-4 relative error, which moves the
-// softmax weights by about that much.
-Tolerance gpu_large_tol(DType d) {
-  switch (d) {
-    case DType::kFloat32: return {2e-3, 2e-3};
-    case DType::kFloat16: return {3e-3, 4e-3};
-    case DType::kBFloat16: return {1e-2, 2e-2};
-  }
-  return {0, 0};
-}
+// tests/kernels/problem.hpp derives them from the numerical contract (rtol: the output's own
+// rounding; atol: the kernels' error with room for what the simulator does not model).
+Tolerance gpu_tol(DType d) { return dgtest::kernel_tolerance(d); }
+Tolerance gpu_large_tol(DType d) { return dgtest::large_logit_tolerance(d); }
 Tolerance tol_for(const Problem& p) {
   return p.ps.large_logits ? gpu_large_tol(p.args.spec.dtype) : gpu_tol(p.args.spec.dtype);
 }
@@ -157,19 +143,49 @@ std::string describe(const AttentionSpec& s) {
          std::to_string(s.num_q_heads) + "/" + std::to_string(s.num_kv_heads);
 }
 
-/// V1 and V2 at each partition size against the reference, padded rows untouched.
+/// The numerical contract beyond the tolerance (tests/kernels/numerics.hpp): fp16 / bf16 outputs at
+/// least 95 % correctly rounded (the precise weights give 97-100 %, weights rounded to the dtype
+/// ~60 %); under the simulator, whose arithmetic the contract's constants were measured on, every
+/// element within its bound too where the cache holds distinct blocks (the bound's statistical
+/// terms assume independent roundings; a sequence that repeats blocks adds the same values, and
+/// their rounding, again: 33,000 tokens over 97 blocks reach 13 deviations in fp32). Skipped for
+/// problems too large for a second float64 pass.
+struct ContractCheck {
+  std::unique_ptr<dgtest::numerics::Reference> whole;
+  bool independent = false;
+  explicit ContractCheck(const Problem& p) : independent(p.ps.distinct_blocks) {
+    double work = 0;
+    for (int len : p.lens) work += double(len) * p.args.spec.num_q_heads * p.args.spec.head_size;
+    if (work <= 2e8) whole = std::make_unique<dgtest::numerics::Reference>(
+                         dgtest::numerics::reference_partitions(p.args, p.args.max_seq_len));
+  }
+  ::testing::AssertionResult operator()(const Problem& p) const {
+    if (!whole) return ::testing::AssertionSuccess();
+    const dgtest::numerics::Measure m = dgtest::numerics::measure_output(p.args, *whole, p.out.data());
+#if defined(DECODEGRAPH_SIM)
+    if (independent) return m.holds(p.args.spec.dtype, true);
+#endif
+    if (p.args.spec.dtype == DType::kFloat32 || m.share() >= m.c.min_correctly_rounded) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "correctly rounded share " << m.share() << " below " << m.c.min_correctly_rounded;
+  }
+};
+
+/// V1 and V2 at each partition size against the reference, padded rows untouched, the contract.
 void check_all(Problem& p, const std::vector<int>& partition_sizes, bool with_v1 = true) {
   DeviceProblem dp(p);
   const Tolerance t = tol_for(p);
+  const ContractCheck contract(p);
   if (with_v1) {
     dp.run_v1();
     EXPECT_TRUE(p.check(t)) << "V1 " << describe(p.args.spec);
     EXPECT_TRUE(p.padded_rows_untouched()) << "V1 " << describe(p.args.spec);
+    EXPECT_TRUE(contract(p)) << "V1 " << describe(p.args.spec);
   }
   for (int P : partition_sizes) {
     dp.run_v2(P);
     EXPECT_TRUE(p.check(t)) << "V2 P=" << P << " " << describe(p.args.spec);
     EXPECT_TRUE(p.padded_rows_untouched()) << "V2 P=" << P << " " << describe(p.args.spec);
+    EXPECT_TRUE(contract(p)) << "V2 P=" << P << " " << describe(p.args.spec);
   }
 }
 
@@ -378,6 +394,44 @@ TEST(GpuKernels, TensorCoreGroupShapes) {
         auto p = dgtest::make_problem(ps);
         p->run_reference();
         SCOPED_TRACE(describe(ps.spec));
+        check_all(*p, {64});
+      }
+    }
+  }
+}
+
+// Head sizes 80 and 112 split D / 16 k-steps unevenly over the tensor-core warps, so the last warp's
+// share runs past D; its ldmatrix rows there are clamped to the last real K chunk. A key holding
+// -inf in that chunk (with q > 0 there, so q.k = -inf: weight 0 in the reference) must not meet
+// the padded step's q = 0 (0 * -inf = NaN): the kernel skips those k-steps (issue 20).
+TEST(GpuKernels, InfInLastKChunkOfPaddedHeadSizes) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    for (KVLayout layout : kLayouts) {
+      for (int D : {80, 112}) {
+        ProblemSpec ps;
+        ps.spec = make_spec(dt, D, 16, layout, 8, 2);  // GQA 4: tensor cores
+        ps.lens = {40, 1, 300};
+        ps.distinct_blocks = true;
+        ps.seed = 1300 + i++;
+        auto p = dgtest::make_problem(ps);
+        const AttentionSpec& s = ps.spec;
+        for (std::size_t e = D - 1; e < p->out_elems; e += D) store_from_float(dt, p->q.data(), e, 0.5f);
+        const int64_t H = s.num_kv_heads, B = s.block_size, x = 16 / static_cast<int64_t>(dtype_size(dt));
+        int infs = 0;
+        for (int sq = 0; sq < static_cast<int>(ps.lens.size()); ++sq)
+          for (int t = 1; t < ps.lens[sq]; t += 3)  // token 0 of each sequence stays finite
+            for (int64_t h = 0; h < H; ++h) {
+              const int64_t blk = p->tables[sq * p->args.block_table_stride + t / B], off = t % B, e = D - 1;
+              const int64_t ko = layout == KVLayout::kNHD ? ((blk * B + off) * H + h) * D + e
+                                                          : (((blk * H + h) * (D / x) + e / x) * B + off) * x + e % x;
+              store_from_float(dt, p->k.data(), ko, -INFINITY);
+              ++infs;
+            }
+        ASSERT_GT(infs, 100);
+        p->run_reference();
+        SCOPED_TRACE(describe(s));
         check_all(*p, {64});
       }
     }

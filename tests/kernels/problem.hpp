@@ -18,31 +18,45 @@ using decodegraph::AttentionSpec;
 using decodegraph::DecodeArgs;
 using decodegraph::KVLayout;
 
-/// Per-dtype tolerances for inputs of ordinary magnitude (|q|, |k|, |v| <= 1). The output is rounded
-/// to the dtype, so the bound is the dtype's half-ulp (rtol) plus fp32 accumulation slack (atol for
-/// outputs near 0). All tests still pass with these divided by 4 (measured on the host
-/// implementation; the fp16/bf16 error there is the output rounding itself).
+/// Tolerances |out - ref| <= atol + rtol * |ref| against the float64 reference. The numerical
+/// contract (docs/design.md, tests/kernels/numerics.hpp) bounds the kernels' own error per element;
+/// these are its consequence for the tests' inputs (|q|, |k|, |v| <= 1, up to ~100K tokens):
+///   rtol: the output's own rounding, half an ulp of the dtype relative to the value (2^-8 bf16,
+///         2^-11 fp16), with 1 % slack; fp32 outputs add no rounding worth counting;
+///   atol: the kernel's error and outputs near 0. The precise path keeps it at ~1e-6 of the values
+///         under the simulator (sim_numerics_test.cpp); the bounds below leave a factor 50-100 for
+///         what the simulator does not model (the tensor cores' own accumulation, 100K tokens).
+/// Before the hi / lo weights (issue 23) fp16 / bf16 needed 1e-3 / 2e-3 and 8e-3 / 1.6e-2: the
+/// rounded weights' error is ~1e-4 of the values at 1300 tokens, so a kernel that rounds P again
+/// fails the atol below (and the correctly rounded share, numerics.hpp).
 struct Tolerance {
   double atol, rtol;
 };
+inline double rounding_rtol(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return 0.0;
+    case DType::kFloat16: return 1.01 * 4.8828125e-4;   // 2^-11
+    case DType::kBFloat16: return 1.01 * 3.90625e-3;    // 2^-8
+  }
+  return 0;
+}
+/// The host implementation (kernels/host_attention.cpp, the same math per path as the device).
 inline Tolerance tolerance(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return {5e-6, 2.5e-5};  // fp32 accumulation over up to 100K tokens
-    case DType::kFloat16: return {1e-3, 2e-3};   // half-ulp 4.9e-4 relative
-    case DType::kBFloat16: return {8e-3, 1.6e-2};  // half-ulp 3.9e-3 relative
+    case DType::kFloat32: return {5e-6, 2.5e-5};  // fp32 accumulation over up to 100K tokens, summed in order
+    case DType::kFloat16: return {5e-5, rounding_rtol(dtype)};
+    case DType::kBFloat16: return {1e-4, rounding_rtol(dtype)};
   }
   return {0, 0};
 }
-/// Large-magnitude logits (|q|, |k| in [8, 30], logits in the hundreds to thousands): fp32 logits
-/// carry an absolute error of ~1e-4 * |logit|, which moves softmax weights by that much relative.
-inline Tolerance large_logit_tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return {5e-4, 5e-4};
-    case DType::kFloat16: return {3e-3, 4e-3};
-    case DType::kBFloat16: return {1e-2, 2e-2};
-  }
-  return {0, 0};
-}
+/// The device kernels (tests/gpu, and the same tests under the simulator): the host's bounds.
+inline Tolerance kernel_tolerance(DType dtype) { return tolerance(dtype); }
+/// Large-magnitude logits (|q|, |k| in [8, 30], logits in the hundreds to thousands): a logit of
+/// size L carries ~u L of fp32 rounding (u = 2^-24), but at these sizes one token takes all the
+/// weight (the next is e^-hundreds below), so the output is its value: measured under the
+/// simulator at most 1.8e-7 (fp32), and fp16 / bf16 within their own rounding
+/// (GpuKernels.LargeMagnitudeLogits; 2e-3 / 3e-3 / 1e-2 were allowed before). The ordinary bounds.
+inline Tolerance large_logit_tolerance(DType dtype) { return tolerance(dtype); }
 
 struct ProblemSpec {
   AttentionSpec spec;

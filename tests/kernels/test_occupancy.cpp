@@ -53,8 +53,9 @@ TEST(Occupancy, Pass1ModelCoversEverySpec) {
 
 TEST(Occupancy, Pass1ModelWorkedExamples) {
   // fp32, head 128, GQA 4 (32q/8kv), vLLM layout: the CUDA-core math, four warps (one per query
-  // head), 80 registers, 4 x 8 KB stages (8-token tiles) + a 16-byte block-id table = 32,784 bytes
-  // of shared memory. Registers: 80 x 32 = 2,560 per warp -> 25 warps -> 6 blocks; shared memory:
+  // head), 79 registers, 4 x 8 KB stages (8-token tiles) + a 16-byte block-id table = 32,784 bytes
+  // of shared memory. Registers: 79 x 32 = 2,528 per warp, allocated in 256s: 2,560 -> 25 warps ->
+  // 6 blocks; shared memory:
   // 32,784 + 1,024 -> 33,920 (unit 128) -> 233,472 / 33,920 = 6 blocks; threads: 16 blocks. So 6.
   dg::AttentionSpec s;
   s.num_q_heads = 32;
@@ -63,7 +64,7 @@ TEST(Occupancy, Pass1ModelWorkedExamples) {
   s.dtype = dg::DType::kFloat32;
   KernelResources r = dg::kernels::pass1_resources(s);
   EXPECT_EQ(r.threads, 128);
-  EXPECT_EQ(r.registers, 80);
+  EXPECT_EQ(r.registers, 79);
   EXPECT_EQ(r.smem_bytes, 32784);
   EXPECT_EQ(blocks_per_sm(r), 6);
   // GQA 8 (llama-70B-like 64q/8kv): eight warps -> 25 / 8 = 3 blocks by registers.
@@ -77,15 +78,19 @@ TEST(Occupancy, Pass1ModelWorkedExamples) {
   EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 128);
   EXPECT_EQ(dg::kernels::pass1_resources(s).smem_bytes, 32800);
   // bf16 GQA 4 runs on tensor cores (decode_policy.hpp, pass1_uses_tensor_cores): four warps, the
-  // same stages plus the 2,048-byte logit exchange = 34,848 bytes; 94 registers (vLLM layout) ->
-  // 3,008 per warp, allocated in 256s: 3,072 -> 21 warps -> 5 blocks; shared memory 35,872 -> 6.
-  // So 5.
+  // same stages plus the exchange (2,048 bytes of partial scores, 1,024 of hi / lo weights, 64 of
+  // rescale factors) = 35,936 bytes; 95 registers (vLLM layout) -> 3,040 per warp, allocated in
+  // 256s: 3,072 -> 21 warps -> 5 blocks; shared memory 36,960 -> 6. So 5. NHD: 80 registers ->
+  // 2,560 per warp -> 25 warps -> 6 blocks.
   s.num_q_heads = 32;
   r = dg::kernels::pass1_resources(s);
   EXPECT_EQ(r.threads, 128);
-  EXPECT_EQ(r.registers, 94);
-  EXPECT_EQ(r.smem_bytes, 34848);
+  EXPECT_EQ(r.registers, 95);
+  EXPECT_EQ(r.smem_bytes, 35936);
   EXPECT_EQ(blocks_per_sm(r), 5);
+  s.layout = dg::KVLayout::kNHD;
+  EXPECT_EQ(blocks_per_sm(dg::kernels::pass1_resources(s)), 6);
+  s.layout = dg::KVLayout::kVLLM;
   // On tensor cores the block stays four warps whatever the group: 8, and 24 (two chunks of 12).
   s.num_q_heads = 64;
   EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 128);

@@ -15,7 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "../kernels/numerics.hpp"
 #include "../kernels/problem.hpp"
+#include "sim_problem.hpp"
 #include "cuda_runtime.h"
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
@@ -31,36 +33,17 @@ namespace {
 
 using namespace decodegraph;
 
-// Same bounds as the GPU kernel tests (tests/gpu): output rounded to the dtype plus fp32
-// accumulation in an order different from the reference.
-dgtest::Tolerance tol(DType d) {
-  switch (d) {
-    case DType::kFloat32: return {2e-5, 1e-4};
-    case DType::kFloat16: return {1e-3, 2e-3};
-    case DType::kBFloat16: return {8e-3, 1.6e-2};
-  }
-  return {0, 0};
-}
+// Same bounds as the GPU kernel tests (tests/kernels/problem.hpp: the output's own rounding plus
+// the kernels' error).
+dgtest::Tolerance tol(DType d) { return dgtest::kernel_tolerance(d); }
 
 bool full_sweep() {
   const char* f = std::getenv("DECODEGRAPH_SIM_FULL");
   return f != nullptr && std::strcmp(f, "") != 0 && std::strcmp(f, "0") != 0;
 }
 
-void sim_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(std::size_t n, const void* src = nullptr) {
-    sim_ok(cudaMalloc(&p, std::max<std::size_t>(n, 16)), "cudaMalloc");
-    if (src != nullptr) sim_ok(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
+using dgsim::Dev;
+using dgsim::sim_ok;
 
 struct Case {
   DType dtype;
@@ -98,24 +81,9 @@ void run_case(const Case& c) {
   auto p = dgtest::make_problem(ps);
   p->run_reference();
 
-  Dev q(p->q.bytes, p->q.data()), out(p->poisoned.bytes), k(p->k.bytes, p->k.data());
-  Dev v(p->v.bytes, p->v.data());
-  Dev tables(p->tables.size() * sizeof(int32_t), p->tables.data());
-  Dev lens(p->lens.size() * sizeof(int32_t), p->lens.data());
-  std::unique_ptr<Dev> slopes;
-  DecodeArgs a = p->args;
-  a.q = q.p;
-  a.out = out.p;
-  a.k_cache = k.p;
-  a.v_cache = v.p;
-  a.block_tables = static_cast<const int32_t*>(tables.p);
-  a.seq_lens = static_cast<const int32_t*>(lens.p);
-  a.host_seq_lens = nullptr;  // padded rows: the host copy would fail validation
-  a.host_block_tables = nullptr;
-  if (c.alibi) {
-    slopes = std::make_unique<Dev>(p->slopes.size() * sizeof(float), p->slopes.data());
-    a.alibi_slopes = static_cast<const float*>(slopes->p);
-  }
+  dgsim::DeviceProblem dp(*p);
+  const DecodeArgs& a = dp.args;
+  Dev& out = dp.out;
   const dgtest::Tolerance t = tol(c.dtype);
   // Pass 1 runs on tensor cores exactly for fp16 / bf16 with groups of 4 or more (the launcher's
   // rule, restated here so that a dispatch change cannot pass unnoticed); the naive kernel never.
@@ -130,12 +98,28 @@ void run_case(const Case& c) {
     EXPECT_TRUE(p->check(t)) << what;
     EXPECT_TRUE(p->padded_rows_untouched()) << what;
   };
+  // The host implementation models the device math per path: same outputs and partials to fp32
+  // noise (numerics.hpp, ModelCheck).
+  namespace nm = dgtest::numerics;
+  const nm::Reference whole = nm::reference_partitions(p->args, p->args.max_seq_len);
+  auto host_out = dgtest::make_buffer(c.dtype, p->out_elems);
+  DecodeArgs h = p->args;
+  h.out = host_out.data();
   run([&] { paged_attention_v1(a, nullptr); }, "V1 " + describe(c), tensor_cores);
+  host::paged_attention_v1(h);
+  EXPECT_TRUE(nm::outputs_match(p->args, whole, host_out.data(), p->out.data(), nm::model_check(a.spec))) << "host V1 vs device V1 " << describe(c);
   for (int P : {p_large, p_small}) {
     const std::size_t wb = v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, P);
     Dev ws(wb);
     sim_ok(cudaMemset(ws.p, 0xff, wb), "cudaMemset");  // NaN: the merge reads only fresh partials
     run([&] { paged_attention_v2(a, P, ws.p, wb, nullptr); }, "V2 " + describe(c, P), tensor_cores);
+    std::vector<unsigned char> dev_ws(wb);
+    sim_ok(cudaMemcpy(dev_ws.data(), ws.p, wb, cudaMemcpyDeviceToHost), "fetch workspace");
+    const auto host_ws = dgtest::run_host_v2(h, P);
+    EXPECT_TRUE(nm::partials_match(p->args, nm::reference_partitions(p->args, P), P, host_ws.data(), dev_ws.data(),
+                                   nm::model_check(a.spec)))
+        << "host V2 partials vs device " << describe(c, P);
+    EXPECT_TRUE(nm::outputs_match(p->args, whole, host_out.data(), p->out.data(), nm::model_check(a.spec))) << "host V2 vs device V2 " << describe(c, P);
   }
   run([&] { naive::paged_attention_v1(a, nullptr); }, "naive " + describe(c), false);
 }
@@ -196,16 +180,9 @@ TEST(Legacy, MatchesReference) {
       ps.seed = 70 + static_cast<int>(dt) * 2 + static_cast<int>(layout);
       auto p = dgtest::make_problem(ps);
       p->run_reference();
-      Dev q(p->q.bytes, p->q.data()), out(p->poisoned.bytes), k(p->k.bytes, p->k.data()), v(p->v.bytes, p->v.data());
-      Dev tables(p->tables.size() * sizeof(int32_t), p->tables.data());
-      Dev lens(p->lens.size() * sizeof(int32_t), p->lens.data());
-      DecodeArgs a = p->args;
-      a.q = q.p;
-      a.out = out.p;
-      a.k_cache = k.p;
-      a.v_cache = v.p;
-      a.block_tables = static_cast<const int32_t*>(tables.p);
-      a.seq_lens = static_cast<const int32_t*>(lens.p);
+      dgsim::DeviceProblem dp(*p);
+      DecodeArgs a = dp.args;
+      Dev& out = dp.out;
       ASSERT_TRUE(legacy::supports(a.spec));
       const std::size_t wb = v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, 64);
       Dev ws(wb);

@@ -7,9 +7,11 @@
 // for fails the test. lds16 checks that it reads inside a __shared__ array. Both report their
 // shared address to the bank-conflict model. ldmatrix and mma are warp-collective rendezvous with
 // the PTX fragment layouts (sim_runtime.cpp, "tensor cores"); each lane's ldmatrix row address is a
-// shared access for the bank-conflict model too (one 8x8 matrix = one 8-lane phase).
+// shared access for the bank-conflict model too (one 8x8 matrix = one 8-lane phase). ex2 models
+// ex2.approx.ftz.f32 at its documented 2-ulp worst.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -47,6 +49,27 @@ inline uint4 lds16(SmemAddr a, unsigned site = __builtin_LINE()) {
   uint4 v;
   std::memcpy(&v, src, sizeof v);
   return v;
+}
+
+// ex2.approx.ftz.f32 at its documented worst (PTX ISA 9.1, "ex2": at most 2 ulp from the
+// correctly rounded result, subnormal inputs and results flushed to sign-preserving zero): the
+// correctly rounded 2^x moved by exactly 2 ulp, up or down as a hash of x's bits says, so the error
+// tests see the hardware's largest error, with no bias to cancel in the normalisation (0, inf and
+// NaN results are exact).
+inline float ex2(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0) x = 0.0f;  // .ftz: a subnormal input counts as (signed) zero
+  const float y = static_cast<float>(std::exp2(static_cast<double>(x)));
+  if (!(y >= 1.17549435e-38f) || y == INFINITY) return y < 1.17549435e-38f ? 0.0f : y;  // .ftz result, inf, NaN
+  uint32_t h = u * 0x9e3779b1u;
+  h ^= h >> 15;
+  uint32_t b;
+  std::memcpy(&b, &y, sizeof b);
+  b = (h & 1u) ? b + 2 : b - 2;
+  float r;
+  std::memcpy(&r, &b, sizeof r);
+  return r;
 }
 
 template <int N, bool kTrans>
