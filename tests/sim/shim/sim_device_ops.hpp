@@ -2,9 +2,10 @@
 // cp.async: each copy is checked when issued (source inside an allocation and 16-byte aligned,
 // destination inside a __shared__ array and 16-byte aligned, 0..16 source bytes), its destination
 // is filled with NaN bytes at once, and the data lands only when the issuing thread waits for the
-// copy's group; so reading a stage before its wait and barrier, or overwriting one that another
-// thread still reads, turns the output into NaN. A thread that exits with copies it never waited
-// for fails the test. lds16 checks that it reads inside a __shared__ array. Both report their
+// copy's group, visible to the issuing thread only until the next barrier (sim_runtime.cpp,
+// "cp.async visibility"); reading a stage before its wait and barrier, or refilling one that
+// another thread still reads, fails. A thread that exits with copies it never waited for fails the
+// test. lds16 checks that it reads inside a __shared__ array. Both report their
 // shared address to the bank-conflict model. ldmatrix and mma are warp-collective rendezvous with
 // the PTX fragment layouts (sim_runtime.cpp, "tensor cores"); each lane's ldmatrix row address is a
 // shared access for the bank-conflict model too (one 8x8 matrix = one 8-lane phase). ex2 models
@@ -44,7 +45,7 @@ inline SmemAddr smem_addr(const void* p) { return reinterpret_cast<SmemAddr>(p);
 
 inline uint4 lds16(SmemAddr a, unsigned site = __builtin_LINE()) {
   const void* src = reinterpret_cast<const void*>(a);
-  sim::check_shared(src, 16, "lds16");
+  sim::shared_load16(src, "lds16");
   sim::shared_access(src, site);
   uint4 v;
   std::memcpy(&v, src, sizeof v);

@@ -12,8 +12,27 @@
 #include <random>
 #include <vector>
 
+#if defined(DECODEGRAPH_SIM_ALIGNMENT_CHECK)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
+
+#if defined(DECODEGRAPH_SIM_ALIGNMENT_CHECK)
+// The kernels are compiled with -fsanitize=alignment (CMakeLists.txt): its report (above this
+// line) names the misaligned load or store; a GPU would fault there.
+namespace {
+const bool g_alignment_hook = [] {
+  __sanitizer_set_death_callback([] {
+    fprintf(stderr, "SIM FAILURE: misaligned access (the runtime error above); a GPU faults on it\n");
+    fflush(stderr);
+    abort();
+  });
+  return true;
+}();
+}  // namespace
+#endif
 
 
 const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorSim"; }
@@ -52,11 +71,44 @@ cudaError_t cudaMemset(void* d, int v, size_t n) { memset(d, v, n); return cudaS
 
 namespace sim {
 namespace {
+// ---------------------------------------------------------------- cp.async visibility (state)
+// PTX ISA, "cp.async.wait_group": the copies' writes become visible to the executing thread only;
+// another thread may read them after a barrier that follows the wait (or, in the writer's warp, a
+// __syncwarp). Each 16-byte chunk of a __shared__ array has a state: a copy in flight, or data
+// landed since the last barrier and visible to its writer (or the writer's warp) only. Tracked
+// reads (lds16, ldmatrix rows) of bytes they may not see fail with a message; plain C++ reads see
+// NaN bytes, because such a chunk holds its data only while a thread that may see it runs (the
+// scheduler shows and hides it at every switch). Tracked reads are also recorded, so a cp.async
+// into bytes another thread read since the last barrier (a stage refilled too early) fails.
+enum class Vis : uint8_t { kNone, kInFlight, kThread, kWarp };
+struct ChunkState {
+  Vis vis = Vis::kNone;
+  int writer = -1;          // the issuing thread while vis != kNone
+  uint32_t ticket = 0;      // identifies the Landed entry while it is live
+  int reader = -1;          // the thread of the tracked reads in barrier epoch read_epoch; -2: several
+  int reader_warp = -1;     // their warp; -2: several
+  long read_epoch = -1;
+  long reader_syncs = 0;    // the readers' warp's __syncwarp count at the last read
+};
+struct Region {
+  unsigned char* base;
+  size_t n;
+  uintptr_t chunk0;  // base rounded down to 16 bytes
+  std::vector<ChunkState> chunks;
+};
+// A chunk landed since the last barrier; data holds its bytes while they are hidden.
+struct Landed {
+  unsigned char* addr;
+  ChunkState* st;
+  uint32_t ticket;
+  unsigned char data[16];
+};
 struct Copy {
   void* dst;
   const void* src;
   int bytes;
   long group;
+  ChunkState* st;
 };
 struct Access {
   unsigned site;
@@ -73,18 +125,25 @@ struct Fiber {
   char* stack = nullptr;
   std::vector<Copy> copies;  // cp.async issued, not yet landed
   long committed = 0;        // groups committed so far; the open group has this index
+  std::vector<Landed> landed;  // chunks it landed since the last barrier, visible to it alone
+  const long* park = nullptr;  // the generation it waits on to move past park_gen (wait_past)
+  long park_gen = 0;
 };
 constexpr size_t kStack = 256 * 1024;
 std::vector<Fiber> fibers;
-std::vector<std::pair<void*, size_t>> g_shared;
+std::vector<Region> g_shared;
+uint32_t g_ticket = 0;
 jmp_buf sched_jb;
 Fiber* cur = nullptr;
 const std::function<void()>* body = nullptr;
 int nthreads = 0;
 long progress = 0;
 int bar_arrived = 0;
+int exited = 0;  // threads of this block that returned: a barrier no longer waits for them
 long bar_gen = 0;
 long barriers_done = 0;
+const char* bar_file = nullptr;  // call site of the barrier the arrived threads wait at
+unsigned bar_line = 0;
 struct Warp {
   int arrived = 0;
   long gen = 0;
@@ -92,6 +151,8 @@ struct Warp {
   unsigned site = 0;  // call site of a payload collective (0 for the shuffles and syncwarp)
   float vals[32], snap[32];
   unsigned char in[32][64], out[32][64];  // payload collectives (ldmatrix, mma)
+  long syncs = 0;               // __syncwarp completed in this block
+  std::vector<Landed> landed;   // chunks its lanes landed before a __syncwarp, since the last barrier
 };
 std::vector<Warp> warps;
 std::mt19937_64 rng(std::getenv("DECODEGRAPH_SIM_SEED") ? std::strtoull(std::getenv("DECODEGRAPH_SIM_SEED"), nullptr, 10) : 1);
@@ -121,13 +182,101 @@ std::string where() {
 void yield() {
   if (!_setjmp(cur->jb)) _longjmp(sched_jb, 1);
 }
+// Waits until a rendezvous' generation moves on. The scheduler does not switch to a thread parked
+// here until it has: the thread would only look and yield again.
+void wait_past(const long& gen, long g) {
+  cur->park = &gen;
+  cur->park_gen = g;
+  while (gen == g) yield();
+  cur->park = nullptr;
+}
+
+// ---------------------------------------------------------------- cp.async visibility
+// Invariant: a live Landed chunk holds its data in shared memory exactly while a thread that may
+// see it runs (its writer, or a lane of its writer's warp once it is in the warp's list); the
+// scheduler calls show() before it switches to a thread and hide() after.
+bool live(const Landed& e) { return e.st->ticket == e.ticket; }
+// Bytes a cp.async poisoned (in flight, or landed and hidden) change only by a plain store of a
+// thread that is not ordered after the copy: a race.
+bool poisoned(const void* p) {
+  static const unsigned char kPoison[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  return memcmp(p, kPoison, 16) == 0;
+}
+void hide(std::vector<Landed>& v) {
+  for (Landed& e : v)
+    if (live(e)) {
+      memcpy(e.data, e.addr, 16);  // what its writer left there, its own later stores included
+      memset(e.addr, 0xff, 16);
+    }
+}
+void show(std::vector<Landed>& v) {
+  for (Landed& e : v)
+    if (live(e)) {
+      if (!poisoned(e.addr))
+        fail("a plain store into shared bytes that thread " + std::to_string(e.st->writer) +
+             "'s cp.async landed, by a thread with no barrier since its cp.async.wait_group (block " +
+             std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," + std::to_string(blockIdx.z) + ")");
+      memcpy(e.addr, e.data, 16);
+    }
+}
+// Thread t starts or stops running.
+void enter(int t) {
+  show(fibers[t].landed);
+  show(warps[t / 32].landed);
+}
+void leave(int t) {
+  hide(fibers[t].landed);
+  hide(warps[t / 32].landed);
+}
+// A block barrier completed (the running thread arrived last, or exited): every landed chunk is
+// visible to every thread.
+void publish_to_block() {
+  const int me = cur->tid;
+  auto settle = [](std::vector<Landed>& v, bool hidden) {
+    if (hidden) show(v);
+    for (Landed& e : v)
+      if (live(e)) *e.st = ChunkState{};
+    v.clear();
+  };
+  for (int t = 0; t < nthreads; ++t) settle(fibers[t].landed, t != me);
+  for (size_t w = 0; w < warps.size(); ++w) settle(warps[w].landed, static_cast<int>(w) != me / 32);
+}
+// A __syncwarp of warp w completed (the running lane arrived last): what its lanes landed becomes
+// visible to the warp.
+void publish_to_warp(int w) {
+  const int me = cur->tid;
+  Warp& wp = warps[w];
+  for (int t = w * 32; t < w * 32 + 32 && t < nthreads; ++t) {
+    if (t != me) show(fibers[t].landed);
+    for (Landed& e : fibers[t].landed)
+      if (live(e)) {
+        e.st->vis = Vis::kWarp;
+        wp.landed.push_back(e);
+      }
+    fibers[t].landed.clear();
+  }
+  ++wp.syncs;
+}
+void check_banks();
+void complete_barrier() {
+  check_banks();  // everyone's accesses before this barrier are recorded
+  publish_to_block();
+  bar_arrived = 0;
+  ++bar_gen;
+  ++barriers_done;
+}
+
 void trampoline() {
   (*body)();
   if (!cur->copies.empty())
     fail("thread exited with " + std::to_string(cur->copies.size()) +
          " cp.async copies it never waited for (missing cp.async.wait_group) at " + where());
   cur->done = true;
+  ++exited;
   ++progress;
+  // PTX: a barrier waits for the threads that have not exited; this exit may complete one.
+  if (bar_arrived > 0 && bar_arrived == nthreads - exited) complete_barrier();
   _longjmp(sched_jb, 1);
 }
 // kind 1: xor shuffle (arg = offset), 2: syncwarp, 3: indexed shuffle (arg = source lane within
@@ -151,10 +300,11 @@ float warp_op(int kind, unsigned mask, float v, int arg, int width = 32) {
   ++progress;
   if (w.arrived == 32) {
     memcpy(w.snap, w.vals, sizeof w.vals);
+    if (kind == 2) publish_to_warp(tid / 32);
     w.arrived = 0;
     ++w.gen;
   } else {
-    while (w.gen == g) yield();
+    wait_past(w.gen, g);
   }
   if (kind == 3) return w.snap[(lane & ~(width - 1)) | (arg & (width - 1))];
   return w.snap[lane ^ arg];
@@ -205,7 +355,7 @@ void warp_collective(int kind, unsigned site, const void* in, size_t n_in, void*
     w.arrived = 0;
     ++w.gen;
   } else {
-    while (w.gen == g) yield();
+    wait_past(w.gen, g);
   }
   memcpy(out, w.out[lane], n_out);
 }
@@ -260,11 +410,7 @@ void ldsm_compute(const Payload* in, Payload* out, int arg) {
   const bool trans = (arg & 1) != 0;
   uint16_t M[4][8][8];  // [matrix][row][col]
   for (int m = 0; m < num; ++m)
-    for (int r = 0; r < 8; ++r) {
-      const void* row;
-      memcpy(&row, in[8 * m + r], sizeof row);
-      memcpy(M[m][r], row, 16);  // checked when the lane deposited it
-    }
+    for (int r = 0; r < 8; ++r) memcpy(M[m][r], in[8 * m + r], 16);  // read by the addressing lane
   for (int lane = 0; lane < 32; ++lane) {
     const int g = lane / 4, t = lane % 4;
     uint32_t regs[4] = {0, 0, 0, 0};
@@ -281,12 +427,16 @@ void ldsm_compute(const Payload* in, Payload* out, int arg) {
 void ldmatrix(int num, bool trans, uint32_t* r, const void* row, unsigned site) {
   if (num != 1 && num != 2 && num != 4) fail("ldmatrix .x" + std::to_string(num) + " at " + where());
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  if (lane < 8 * num) {  // the lanes whose addresses the instruction reads
-    check_shared(row, 16, "ldmatrix row");
+  // The lanes whose addresses the instruction reads deposit their row, read as they see it (the
+  // cp.async visibility model treats the addressing lane as the row's reader).
+  unsigned char bytes[16] = {};
+  if (lane < 8 * num) {
+    shared_load16(row, "ldmatrix row");
     shared_access(row, site);
+    memcpy(bytes, row, 16);
   }
   uint32_t regs[4];
-  warp_collective(kKindLdsm + (num << 1 | (trans ? 1 : 0)), site, &row, sizeof row, regs, sizeof regs,
+  warp_collective(kKindLdsm + (num << 1 | (trans ? 1 : 0)), site, bytes, sizeof bytes, regs, sizeof regs,
                   ldsm_compute, num << 1 | (trans ? 1 : 0));
   memcpy(r, regs, sizeof(uint32_t) * static_cast<size_t>(num));
 }
@@ -306,8 +456,10 @@ const char* order_name() {
 
 void register_shared(void* p, size_t n) {
   for (auto& r : g_shared)
-    if (r.first == p) return;
-  g_shared.emplace_back(p, n);
+    if (r.base == p) return;
+  unsigned char* b = static_cast<unsigned char*>(p);
+  const uintptr_t c0 = reinterpret_cast<uintptr_t>(b) / 16 * 16;
+  g_shared.push_back(Region{b, n, c0, std::vector<ChunkState>((reinterpret_cast<uintptr_t>(b) + n - c0 + 15) / 16)});
   memset(p, 0xff, n);
 }
 
@@ -411,47 +563,113 @@ void shared_access(const void* p, unsigned site) {
   cur->accesses.push_back(Access{site, occurrence, reinterpret_cast<uintptr_t>(p)});
 }
 
-void syncthreads() {
+// PTX ISA, "barrier": __syncthreads is bar.sync 0, i.e. barrier.sync.aligned: all threads of the
+// block execute the same barrier instruction (here: the same call site), and it waits for the
+// threads that have not exited.
+void syncthreads(const char* file, unsigned line) {
+  if (bar_arrived == 0) {
+    bar_file = file;
+    bar_line = line;
+  } else if (line != bar_line || (file != bar_file && strcmp(file, bar_file) != 0)) {
+    fail("threads of one block at different __syncthreads: " + std::string(file) + ":" + std::to_string(line) +
+         " while " + std::to_string(bar_arrived) + " wait at " + bar_file + ":" + std::to_string(bar_line) +
+         " (PTX: every thread must reach the same barrier instruction) at " + where());
+  }
   const long g = bar_gen;
   ++bar_arrived;
   ++progress;
-  if (bar_arrived == nthreads) {
-    check_banks();  // everyone's accesses before this barrier are recorded
-    bar_arrived = 0;
-    ++bar_gen;
-    ++barriers_done;
+  if (bar_arrived == nthreads - exited) {
+    complete_barrier();
     return;
   }
-  while (bar_gen == g) yield();
+  wait_past(bar_gen, g);
 }
+long barrier_epoch() { return barriers_done; }
 void syncwarp(unsigned mask) { warp_op(2, mask, 0.0f, 0); }
 float shfl_xor(unsigned mask, float v, int off) { return warp_op(1, mask, v, off); }
 float shfl_idx(unsigned mask, float v, int src_lane, int width) { return warp_op(3, mask, v, src_lane, width); }
 
-void check_shared(const void* p, size_t n, const char* what) {
+namespace {
+Region& find_shared(const void* p, size_t n, const char* what) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   static size_t last = 0;  // the array of the previous check: nearly always the same one
   for (size_t k = 0; k < g_shared.size(); ++k) {
     const size_t i = (last + k) % g_shared.size();
-    const uintptr_t b = reinterpret_cast<uintptr_t>(g_shared[i].first);
-    if (a >= b && a + n <= b + g_shared[i].second) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(g_shared[i].base);
+    if (a >= b && a + n <= b + g_shared[i].n) {
       if (a % n != 0) fail(std::string(what) + " misaligned shared address at " + where());
       last = i;
-      return;
+      return g_shared[i];
     }
   }
   fail(std::string(what) + " outside every __shared__ array at " + where());
+  abort();
+}
+// The state of the 16-byte chunk at p (16-byte aligned, inside r).
+ChunkState& chunk_at(Region& r, const void* p) { return r.chunks[(reinterpret_cast<uintptr_t>(p) - r.chunk0) / 16]; }
+std::string thread_name(int t) { return "thread " + std::to_string(t); }
+}  // namespace
+
+void check_shared(const void* p, size_t n, const char* what) { find_shared(p, n, what); }
+
+void shared_load16(const void* p, const char* what) {
+  ChunkState& st = chunk_at(find_shared(p, 16, what), p);
+  const int me = cur->tid;
+  switch (st.vis) {
+    case Vis::kNone: break;
+    case Vis::kInFlight:
+      fail(std::string(what) + " reads shared bytes whose cp.async (issued by " + thread_name(st.writer) +
+           ") has not landed: no cp.async.wait_group covers it yet, at " + where());
+      break;
+    case Vis::kThread:
+      if (st.writer != me)
+        fail(std::string(what) + " reads shared bytes that " + thread_name(st.writer) +
+             "'s cp.async landed with no barrier since its cp.async.wait_group (PTX: the wait makes the data "
+             "visible to the issuing thread; the others need a barrier after it), at " + where());
+      break;
+    case Vis::kWarp:
+      if (st.writer / 32 != me / 32)
+        fail(std::string(what) + " reads shared bytes that " + thread_name(st.writer) +
+             "'s cp.async landed with only a __syncwarp of its own warp since, at " + where());
+      break;
+  }
+  if (st.read_epoch != barriers_done) {
+    st.read_epoch = barriers_done;
+    st.reader = me;
+    st.reader_warp = me / 32;
+  } else {
+    if (st.reader != me) st.reader = -2;
+    if (st.reader_warp != me / 32) st.reader_warp = -2;
+  }
+  st.reader_syncs = warps[me / 32].syncs;
 }
 
 void cp_async(void* dst, const void* src, int src_bytes) {
   if (src_bytes < 0 || src_bytes > 16) fail("cp.async with src-size " + std::to_string(src_bytes) + " at " + where());
-  check_shared(dst, 16, "cp.async destination");
+  ChunkState& st = chunk_at(find_shared(dst, 16, "cp.async destination"), dst);
   if (src_bytes > 0) {
     if (reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("cp.async source misaligned at " + where());
     check_range(src, static_cast<size_t>(src_bytes), "cp.async source");
   }
+  const int me = cur->tid;
+  // Write after write: another copy into these bytes in flight (PTX: no order between two cp.async
+  // without a wait), or landed by a thread this one is not ordered after.
+  if (st.vis == Vis::kInFlight)
+    fail("cp.async into shared bytes that a cp.async of " + thread_name(st.writer) +
+         " still writes (no cp.async.wait_group between them) at " + where());
+  if ((st.vis == Vis::kThread && st.writer != me) || (st.vis == Vis::kWarp && st.writer / 32 != me / 32))
+    fail("cp.async into shared bytes that " + thread_name(st.writer) +
+         "'s cp.async landed with no barrier in between at " + where());
+  // Write after read: another thread read these bytes since the last barrier (a stage refilled
+  // while it is still being read), unless they are all of this warp and a __syncwarp followed.
+  if (st.read_epoch == barriers_done && st.reader != me &&
+      !(st.reader_warp == me / 32 && warps[me / 32].syncs > st.reader_syncs))
+    fail("cp.async overwrites shared bytes that " +
+         (st.reader >= 0 ? thread_name(st.reader) : std::string("other threads")) +
+         " read with no barrier in between at " + where());
+  st = ChunkState{Vis::kInFlight, me, 0, st.reader, st.reader_warp, st.read_epoch, st.reader_syncs};
   memset(dst, 0xff, 16);  // NaN until the group is waited for
-  cur->copies.push_back(Copy{dst, src, src_bytes, cur->committed});
+  cur->copies.push_back(Copy{dst, src, src_bytes, cur->committed, &st});
 }
 
 void cp_async_commit() { ++cur->committed; }
@@ -463,8 +681,16 @@ void cp_async_wait(int n) {
   size_t keep = 0;
   for (size_t i = 0; i < cs.size(); ++i) {
     if (cs[i].group < done_below) {
+      if (!poisoned(cs[i].dst))
+        fail("a plain store into shared bytes while a cp.async (issued by " + where() +
+             ") wrote them: it lands over the store");
       if (cs[i].bytes > 0) memcpy(cs[i].dst, cs[i].src, static_cast<size_t>(cs[i].bytes));
       memset(static_cast<char*>(cs[i].dst) + cs[i].bytes, 0, static_cast<size_t>(16 - cs[i].bytes));
+      // Landed: visible to this thread alone until the next barrier.
+      ChunkState& st = *cs[i].st;
+      st.vis = Vis::kThread;
+      st.ticket = ++g_ticket;
+      cur->landed.push_back(Landed{static_cast<unsigned char*>(cs[i].dst), &st, st.ticket, {}});
     } else {
       cs[keep++] = cs[i];
     }
@@ -497,9 +723,17 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
   if (mode == 1) std::reverse(order.begin(), order.end());
   for (const uint3& b : blocks) {
     blockIdx = b;
-    for (auto& r : g_shared) memset(r.first, 0xff, r.second);
+    for (auto& r : g_shared) {
+      memset(r.base, 0xff, r.n);
+      std::fill(r.chunks.begin(), r.chunks.end(), ChunkState{});
+    }
     bar_arrived = 0;
-    for (Warp& w : warps) w.arrived = 0;
+    exited = 0;
+    for (Warp& w : warps) {
+      w.arrived = 0;
+      w.syncs = 0;
+      w.landed.clear();
+    }
     for (int t = 0; t < nthreads; ++t) {
       Fiber& f = fibers[t];
       f.started = false;
@@ -509,6 +743,8 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
       f.committed = 0;
       f.accesses.clear();
       f.by_site.clear();
+      f.landed.clear();
+      f.park = nullptr;
       getcontext(&f.uc);
       f.uc.uc_stack.ss_sp = f.stack;
       f.uc.uc_stack.ss_size = kStack;
@@ -523,8 +759,10 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
       for (int t : order) {
         Fiber& f = fibers[t];
         if (f.done) { ++done; continue; }
+        if (f.park != nullptr && *f.park == f.park_gen) continue;  // still waiting
         cur = &f;
         threadIdx = uint3{static_cast<unsigned>(t), 0, 0};
+        enter(t);
         if (!_setjmp(sched_jb)) {
           if (!f.started) {
             f.started = true;
@@ -533,6 +771,7 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
             _longjmp(f.jb, 1);
           }
         }
+        leave(t);
         if (f.done) ++done;
       }
       if (done < nthreads && progress == before) {

@@ -1,10 +1,11 @@
 // Host simulator of the CUDA subset used by decodegraph kernels (see tests/sim/README.md): every
 // CUDA thread is a fiber; __syncthreads / __syncwarp / __shfl_*_sync are real rendezvous points
-// (a thread that skips one deadlocks its block, which is reported); blocks run serially in a
-// shuffled order; between sync points threads run forward, reverse or shuffled
-// (DECODEGRAPH_SIM_ORDER or sim::set_order); __shared__ arrays are NaN-filled per block; __ldg is
-// checked against the allocation bounds and alignment; cp.async copies are deferred to their wait
-// (sim_device_ops.hpp).
+// (a thread that skips one deadlocks its block, which is reported; threads that exit no longer
+// count; threads at different __syncthreads call sites fail); blocks run serially in a shuffled
+// order; between sync points threads run forward, reverse or shuffled (DECODEGRAPH_SIM_ORDER or
+// sim::set_order); __shared__ arrays are NaN-filled per block; __ldg is checked against the
+// allocation bounds and alignment; cp.async copies are deferred to their wait and visible to other
+// threads only after a barrier (sim_device_ops.hpp, sim_runtime.cpp "cp.async visibility").
 #pragma once
 #define DECODEGRAPH_SIM 1  // the tests check this to be sure the shims, not the toolkit, were found
 #include <cmath>
@@ -15,9 +16,11 @@
 #include <functional>
 #include <string>
 
-struct uint4 { unsigned x, y, z, w; };
-struct float4 { float x, y, z, w; };
-struct float2 { float x, y; };
+// Aligned as CUDA's vector_types.h declares them, so that the alignment check (CMakeLists.txt:
+// -fsanitize=alignment on the kernels) fails a misaligned vector access, which faults on a GPU.
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -60,7 +63,11 @@ extern uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 
 namespace sim {
-void syncthreads();
+// A block barrier at one call site (file, line): every thread that has not exited must arrive at
+// the same one (PTX bar.sync is barrier.sync.aligned).
+void syncthreads(const char* file, unsigned line);
+// Block barriers completed since the process started (the CUB shim dates its TempStorage use).
+long barrier_epoch();
 void syncwarp(unsigned mask);
 float shfl_xor(unsigned mask, float v, int off);
 float shfl_idx(unsigned mask, float v, int src_lane, int width);
@@ -69,6 +76,9 @@ void fail(const std::string& msg);
 void register_shared(void* p, size_t n);
 // Fails unless [p, p + n) lies inside one registered __shared__ array and p is n-aligned.
 void check_shared(const void* p, size_t n, const char* what);
+// check_shared(p, 16) for a 16-byte shared load by this thread, which must also see the bytes: no
+// cp.async into them in flight, and one another thread landed needs a barrier since its wait.
+void shared_load16(const void* p, const char* what);
 // Bank-conflict model: records one 16-byte shared access (a load, or a cp.async destination) made at
 // source line `site`; accesses by the lanes of a warp at the same site and occurrence form one
 // warp instruction (see sim_runtime.cpp). On by default; DECODEGRAPH_SIM_BANKS=0 turns it off.
@@ -93,7 +103,9 @@ const char* order_name();
 void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem);
 }  // namespace sim
 
-inline void __syncthreads() { sim::syncthreads(); }
+inline void __syncthreads(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
+  sim::syncthreads(file, line);
+}
 inline void __syncwarp(unsigned mask = 0xffffffffu) { sim::syncwarp(mask); }
 inline float __shfl_xor_sync(unsigned mask, float v, int off, int width = 32) {
   if (width != 32) sim::fail("shfl width");
