@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "decodegraph/error.hpp"
+#include "executor/device_guard.hpp"
 #include "executor/executor_impl.hpp"
 #include "executor/log.hpp"
 #include "executor/nvtx.hpp"
@@ -35,6 +36,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   Impl& m = *impl_;
   m.log = detail::executor_logger(config.log_level);
   m.make_backend(config.backend);
+  detail::DeviceScope device{*m.backend};  // device_guard.hpp: every entry point below binds it too
   const BackendKind kind = m.backend->kind();
   // The device model is queried here, once, outside any capture.
   m.cfg = detail::resolve_config(std::move(config),
@@ -125,20 +127,32 @@ StepResult Executor::step(const StepInputs& inputs, Stream stream) { return impl
 
 StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> stream) {
   detail::NvtxRange range("decodegraph::step");
+  detail::DeviceScope device{*backend};
   StepResult r;
   try {
-    bad_blocks->report(/*wait=*/false, steps);
     detail::EndStep end{backend.get()};
     backend->begin_step(stream);
+    // On a stream the caller is capturing (caller_capture.cpp) nothing may read the inputs back or
+    // wait: what cannot be recorded is refused first, and the bad-block report (which may wait)
+    // is left to the next step outside the capture or to check_errors().
+    const bool caller = backend->in_caller_capture();
+    if (caller)
+      graphs->check_caller_capture(inputs);
+    else
+      bad_blocks->report(/*wait=*/false, steps);
     const detail::Lengths lens = staging->validate(inputs);
     const int bucket = plans->bucket_of_batch(inputs.num_seqs);
     const int batch = cfg.batch_buckets[static_cast<std::size_t>(bucket)];
     auto stage = [&] { staging->stage(inputs, batch, lens.band_len); };
     stage();
-    const detail::StepGraph g = graphs->graph_for(bucket, lens, stage);
-    backend->launch(*g.slot->graph);
-    ++g.slot->stats.replays;
-    r = g.result;
+    if (caller) {
+      r = graphs->record_into_caller(bucket, lens);
+    } else {
+      const detail::StepGraph g = graphs->graph_for(bucket, lens, stage);
+      backend->launch(*g.slot->graph);
+      ++g.slot->stats.replays;
+      r = g.result;
+    }
   } catch (...) {
     ++rejected;
     throw;
@@ -151,12 +165,19 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
   return r;
 }
 
-void Executor::check_errors() { impl_->bad_blocks->report(/*wait=*/true, impl_->steps); }
+void Executor::check_errors() {
+  detail::DeviceScope device{*impl_->backend};
+  impl_->bad_blocks->report(/*wait=*/true, impl_->steps);
+}
 
-HostStaging Executor::host_staging() { return impl_->staging->host_staging(); }
+HostStaging Executor::host_staging() {
+  detail::DeviceScope device{*impl_->backend};
+  return impl_->staging->host_staging();
+}
 
 void Executor::capture_all() {
   Impl& m = *impl_;
+  detail::DeviceScope device{*m.backend};
   // kMeasured stages synthetic inputs and replays: ordered like a step on the executor's stream.
   detail::EndStep end{m.backend.get()};
   m.backend->begin_step(std::nullopt);
@@ -168,6 +189,7 @@ void Executor::capture_all() {
 void Executor::rebind_layers(std::vector<LayerBuffers> layers) {
   detail::NvtxRange range("decodegraph::rebind_layers");
   Impl& m = *impl_;
+  detail::DeviceScope device{*m.backend};
   // 1. Validation: nothing has changed when this throws.
   m.layers->check_rebind(layers, m.graphs->bytes());
   const auto t0 = std::chrono::steady_clock::now();

@@ -14,7 +14,7 @@ struct StepContext::Impl {
   int switch_bucket = -1;  // kDevice: attention becomes a SWITCH node over this bucket's bands
 };
 
-Stream StepContext::stream() const { return impl_->rec->backend_.stream(); }
+Stream StepContext::stream() const { return impl_->rec->backend_.capture_stream(); }
 BackendKind StepContext::backend() const { return impl_->rec->backend_.kind(); }
 const BucketPlan& StepContext::plan() const { return *impl_->plan; }
 const int32_t* StepContext::seq_lens() const { return impl_->rec->targets_.inputs.seq_lens; }

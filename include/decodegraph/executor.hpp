@@ -27,6 +27,12 @@
 //    on an event, whichever stream the previous step used; kMeasured times on the step's stream.
 //  - Graphs do not depend on the stream: they are captured on ex.stream() (the legacy default
 //    stream cannot be captured), so StepContext::stream() is ex.stream() during a capture.
+//  - A stream the caller is capturing (an engine capturing its forward pass): step() records the
+//    step's staging copies and its graph's work into that capture instead of launching a graph;
+//    inputs must then be device buffers the caller fills before each replay (docs/executor.md,
+//    "Running inside an engine's graph capture"). What cannot be recorded is an InvalidArgument.
+//  - Every call that reaches the device runs on the device current when the executor was built and
+//    restores the caller's current device before it returns (docs/executor.md, "Several devices").
 //  - Host backend: the stream is accepted and ignored (every step runs synchronously in step()).
 // Layers share one V2 workspace: a step body must not run two layers' attention concurrently on
 // forked streams.
@@ -335,6 +341,9 @@ struct StepResult {
   bool band_on_device = false;  // kDevice: the replayed graph chose the band itself
   bool captured = false;  // this step captured (and instantiated) the bucket's graph
   bool measured = false;  // this step timed the bucket's candidates (kMeasured)
+  /// The step's stream was being captured by the caller: the step's work was recorded into that
+  /// capture (captured stays false: no graph of the executor's was captured or launched).
+  bool in_caller_capture = false;
   /// The graph it replayed (ExecutorStats::graphs[].graph_id). kDevice: the batch bucket's graph,
   /// numbered by bucket index, not the plan's graph_id (which there names the branch).
   int graph_id = -1;
@@ -349,7 +358,8 @@ class Recorder;
 class StepContext {
  public:
   /// The stream being captured (CUDA backend): the executor's own stream, whichever stream steps
-  /// later replay the graph on. Launch your own kernels on it.
+  /// later replay the graph on; for a step recorded into your own capture, your captured stream.
+  /// Launch your own kernels on it.
   Stream stream() const;
   BackendKind backend() const;
   /// The plan of the graph being captured. The body runs once per distinct graph (and once more per
@@ -440,6 +450,7 @@ struct ExecutorStats {
   /// are not copied. The DMA to the device is not counted.
   long long staging_copy_bytes = 0;
   long long bad_block_reports = 0;  // invalid block ids reported (each one InvalidArgument)
+  long long caller_captures = 0;    // steps recorded into a caller's stream capture (also in steps)
   /// Replays of `kind`'s launches: kHost graphs by their kernel, kDevice graphs by branch execution.
   long long replays(KernelKind kind) const;
 };
@@ -472,6 +483,10 @@ class Executor {
   /// The pinned host staging buffers, once the previous step's copies have read them (CUDA: an
   /// event wait). Write the next step's inputs there and pass StepInputs pointing at them: step()
   /// then skips its copy into them. Their contents are the caller's until the next step().
+  /// There are three sets: the last step's when its copies are done already, else another, so the
+  /// wait (when all three are in flight) is for the copies of two steps back and the host can run
+  /// ahead. Calls without a step in between hand out the same set; inputs still pointing at an
+  /// earlier set (exactly as handed out, all in one set) are staged from it.
   HostStaging host_staging();
   /// Points the graphs at new KV caches and layer buffers with the same shapes (a reallocated cache
   /// after a resize or sleep/wake, say): every captured graph is captured again (the step body runs

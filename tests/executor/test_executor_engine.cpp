@@ -19,32 +19,12 @@ using namespace decodegraph;
 using dgtest::World;
 
 AttentionSpec spec(DType dtype = DType::kFloat32, KVLayout layout = KVLayout::kVLLM) {
-  AttentionSpec s;
+  AttentionSpec s = dgtest::small_spec(dtype, layout);
   s.num_q_heads = 8;
-  s.num_kv_heads = 2;
-  s.head_size = 64;
-  s.block_size = 16;
-  s.dtype = dtype;
-  s.layout = layout;
   return s;
 }
 
-/// Runs fn, which must throw InvalidArgument whose message contains every part.
-template <class F>
-::testing::AssertionResult rejects(F&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts)
-      if (msg.find(p) == std::string::npos)
-        return ::testing::AssertionFailure() << "'" << p << "' not in: " << msg;
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "not an InvalidArgument: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "nothing thrown; expected " << parts.front();
-}
+using dgtest::rejects;
 
 /// float64 reference of layer l over the world's current inputs, q rows q_stride elements apart.
 std::vector<double> reference(const World& w, int l, const void* q, int64_t q_stride,
