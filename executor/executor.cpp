@@ -44,6 +44,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.ledger.budget = m.cfg.memory_budget_bytes;
   m.layers = std::make_unique<detail::LayerSet>(m.cfg, *m.backend, *m.memory, m.ledger);
   m.layers->check_device_ranges(m.cfg.layers);
+  m.layers->warn_missing_cache_sizes(m.cfg.layers, *m.log);
   // Band choice: the probe runs once here, outside any capture; a missing feature is a fallback.
   m.band_mode = detail::choose_band_select(m.cfg, *m.backend, *m.log, m.band_note);
   m.plans = std::make_unique<detail::PlanBook>(m.cfg);
@@ -127,7 +128,7 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
   detail::NvtxRange range("decodegraph::step");
   StepResult r;
   try {
-    bad_blocks->report(/*wait=*/false, steps);
+    bad_blocks->report(/*wait=*/false, steps, /*from_step=*/true);
     detail::EndStep end{backend.get()};
     backend->begin_step(stream);
     const detail::Lengths lens = staging->validate(inputs);
@@ -139,6 +140,7 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
     backend->launch(*g.slot->graph);
     ++g.slot->stats.replays;
     r = g.result;
+    if (r.band >= 0) r.launch_id = plans->plan(bucket, r.band).graph_id;
   } catch (...) {
     ++rejected;
     throw;
@@ -151,7 +153,7 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
   return r;
 }
 
-void Executor::check_errors() { impl_->bad_blocks->report(/*wait=*/true, impl_->steps); }
+void Executor::check_errors() { impl_->bad_blocks->report(/*wait=*/true, impl_->steps, /*from_step=*/false); }
 
 HostStaging Executor::host_staging() { return impl_->staging->host_staging(); }
 
@@ -170,6 +172,7 @@ void Executor::rebind_layers(std::vector<LayerBuffers> layers) {
   Impl& m = *impl_;
   // 1. Validation: nothing has changed when this throws.
   m.layers->check_rebind(layers, m.graphs->bytes());
+  m.layers->warn_missing_cache_sizes(layers, *m.log);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LayerBuffers> resolved = m.layers->resolve(layers);  // owned buffers are kept either way
   // NOTE(graph): a graph still running reads the old buffers; after this, none does.
@@ -217,7 +220,22 @@ const BucketPlan& Executor::plan_for(BucketIndex bucket, int band) const {
   return pb.plan(bucket.value, band);
 }
 
-const BucketPlan& Executor::plan_for(const StepResult& step) const { return plan_for(step.bucket, step.band); }
+const BucketPlan& Executor::plan_for(const StepResult& step) const {
+  if (step.band < 0 && step.band_on_device)
+    throw_invalid("step.band", step.band,
+                  "a band known on the host. This step's graph chose its band on the device (BandSelect::kDevice, "
+                  "device-resident inputs, kCheap), so no single plan is known: plans_for(step.bucket) has every "
+                  "band's plan, and stats().graphs[] (graph_id " + std::to_string(step.graph_id) +
+                      ").band_replays counts the bands it ran. Give a max_seq_len hint, host inputs or kFull to "
+                      "know the band per step");
+  return plan_for(step.bucket, step.band);
+}
+
+std::span<const BucketPlan> Executor::plans_for(BucketIndex bucket) const {
+  const detail::PlanBook& pb = *impl_->plans;
+  const BucketPlan& first = plan_for(bucket, 0);  // checks the index
+  return {&first, static_cast<std::size_t>(pb.num_bands())};
+}
 
 const BucketPlan& Executor::plan_for_batch(int batch_size, int band) const {
   const Impl& m = *impl_;
