@@ -61,8 +61,8 @@ if [ "$mode" = run ] && ! gpu_present && [ "${DEV_CUDA:-0}" != 1 ] && [[ "$cmake
   build_dir=${BUILD_DIR:-build-host}
   cmake_args="$cmake_args -DDECODEGRAPH_ENABLE_CUDA=OFF"
   echo "dev.sh: no GPU here (no NVIDIA driver or device): building decode_loop host-only in $build_dir, about"
-  echo "        1.5 min on 2 cores; it runs on the host backend. The CUDA kernels (sm_80, sm_90) would add"
-  echo "        ~8 min and cannot run here; DEV_CUDA=1 builds them anyway, 'dev.sh test' always does."
+  echo "        1 to 2 min on 2 cores; it runs on the host backend. The CUDA kernels (sm_80, sm_90) would add"
+  echo "        several minutes and cannot run here; DEV_CUDA=1 builds them anyway, 'dev.sh test' always does."
 fi
 # Configure's own summary (the decodegraph: lines), the rest of its output only on failure.
 # shellcheck disable=SC2086
@@ -83,11 +83,12 @@ echo "$cfg_out" | grep -q '^-- decodegraph: CUDA ' && cuda=ON
 echo "dev.sh test: configuration"
 echo "$cfg_out" | grep -E '^-- decodegraph' | sed 's/^-- /  /'
 echo "  build dir $build_dir, Release, $jobs parallel jobs, $(nproc) cores, GPU present: $(gpu_present && echo yes || echo no)"
-# Measured on a 2-core machine shared with other builds (README.md, "Quick start"); compiling is
-# CPU-bound, so the estimate scales with 2 / jobs. An incremental rebuild is much shorter.
-if [ "$cuda" = ON ]; then est=22; else est=12; fi
-est=$(( (est * 2 + jobs - 1) / jobs ))
-echo "  estimate from scratch: about $est min (build $( [ "$cuda" = ON ] && echo 'with every CUDA kernel for the simulator and the GPU tests' || echo 'host-only') + ctest)"
+# CPU minutes of a run from scratch, measured on a 2-core machine shared with other builds
+# (README.md, "Quick start"): 13 with CUDA, 11 host-only. Wall time ~ 1.4 x CPU / jobs when the
+# machine is quiet, up to twice that when it is not. An incremental rebuild is much shorter.
+if [ "$cuda" = ON ]; then cpu=13; else cpu=11; fi
+est=$(( (cpu * 14 / 10 + jobs - 1) / jobs ))
+echo "  estimate from scratch: about $est min, up to $(( 2 * est )) on a busy machine (build $( [ "$cuda" = ON ] && echo 'with every CUDA kernel, for the simulator and the GPU tests' || echo 'host-only') + ctest)"
 cmake --build "$build_dir" -j "$jobs"
 ctest --test-dir "$build_dir" -j "$jobs" --output-on-failure
 echo "dev.sh test: done in $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s"
