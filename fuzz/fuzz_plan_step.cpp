@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -48,9 +49,18 @@ void check_plans(const Executor& ex) {
     check(v2 || p.band_hi <= c.v2_threshold, "V1 above the threshold", p.band_hi, c.v2_threshold);
     if (c.policy == KernelPolicy::kThreshold)
       check(v2 == (p.band_hi > c.v2_threshold), "kThreshold is not the threshold rule", p.band_hi);
-    if (c.policy == KernelPolicy::kAuto && p.band_hi <= c.v2_threshold)
-      check(v2 == (static_cast<long long>(p.grid_y) * p.grid_z < c.device_model.target_blocks()),
-            "kAuto's V1/V2 choice against the target", p.grid_y * p.grid_z, c.device_model.target_blocks());
+    // kAuto picks by the cost model: every plan says so and carries finite, positive predictions at
+    // its band's three lengths, with a share of the roof no model may exceed.
+    if (c.policy == KernelPolicy::kAuto) {
+      check(p.reason == PlanReason::kLeastRegret, "kAuto plan without the least-regret reason",
+            static_cast<int>(p.reason));
+      for (const PlanPrediction* x : {&p.predicted_lo, &p.predicted_mid, &p.predicted_hi}) {
+        check(std::isfinite(x->us) && x->us > 0, "kAuto prediction not a positive time", x->len);
+        check(x->len > p.band_lo && x->len <= p.band_hi, "kAuto prediction outside its band", x->len);
+        check(x->roof_share > 0 && x->roof_share <= 1.0 + 1e-9, "roof share outside (0, 1]", x->len);
+      }
+      check(std::isfinite(p.predicted_regret) && p.predicted_regret >= 0, "kAuto regret", p.band);
+    }
     check(p.grid_x >= 1 && p.grid_y >= 1 && p.grid_z >= 1, "empty grid", p.grid_x, p.grid_z);
     check(p.blocks == p.grid_x * p.grid_y * p.grid_z, "blocks are not the grid", p.blocks);
     check(p.launch_len >= p.band_hi && p.launch_len <= c.max_seq_len, "launch length", p.launch_len, p.band_hi);
