@@ -26,7 +26,8 @@ void check_layer_specs(const ExecutorConfig& c) {
     try {
       validate_spec(s);
     } catch (const InvalidArgument& e) {
-      throw InvalidArgument(p + "." + e.what());
+      const std::string what = e.what();  // "head_size = ...", or "spec.scale = ..."
+      throw InvalidArgument(p + "." + (what.rfind("spec.", 0) == 0 ? what.substr(5) : what));
     }
     if (s.block_size != c.spec.block_size)
       throw_invalid(p + ".block_size", s.block_size,
