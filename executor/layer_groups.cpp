@@ -13,10 +13,15 @@ const AttentionSpec& layer_spec(const ExecutorConfig& c, int layer) {
   return c.layer_specs.empty() ? c.spec : c.layer_specs[static_cast<std::size_t>(layer)];
 }
 
+}  // namespace decodegraph::detail
+
+namespace decodegraph {
+
 // What may differ per layer is what shapes one layer's own tensors and math: its heads, head size
 // and scale (and, with the later attention features, its window, soft-cap and KV dtype). What every
-// layer shares is what the step's inputs and the engine's buffers share.
-void check_layer_specs(const ExecutorConfig& c) {
+// layer shares is what the step's inputs and the engine's buffers share: one block table and slot
+// mapping per sequence, one activation dtype, one cache layout.
+void validate_layer_specs(const ExecutorConfig& c) {
   if (c.layer_specs.empty()) return;
   require(static_cast<int>(c.layer_specs.size()) == c.num_layers, "layer_specs.size()", c.layer_specs.size(),
           "0 (every layer uses spec) or num_layers = " + std::to_string(c.num_layers) + " (one spec per layer)");
@@ -42,6 +47,24 @@ void check_layer_specs(const ExecutorConfig& c) {
   }
 }
 
+std::vector<int> layer_groups_of(const ExecutorConfig& c) {
+  validate_layer_specs(c);
+  std::vector<int> group_of;
+  std::vector<const AttentionSpec*> first;  // each group's spec, in the order of its first layer
+  for (int l = 0; l < c.num_layers; ++l) {
+    const AttentionSpec& s = detail::layer_spec(c, l);
+    std::size_t g = 0;
+    while (g < first.size() && !(*first[g] == s)) ++g;
+    if (g == first.size()) first.push_back(&s);
+    group_of.push_back(static_cast<int>(g));
+  }
+  return group_of;
+}
+
+}  // namespace decodegraph
+
+namespace decodegraph::detail {
+
 DeviceModel fill_device_model(const DeviceModel& given, const AttentionSpec& spec,
                               const std::function<DeviceModel(const AttentionSpec&)>& device, const std::string& whose) {
   DeviceModel m = given;
@@ -57,27 +80,19 @@ DeviceModel fill_device_model(const DeviceModel& given, const AttentionSpec& spe
 }
 
 LayerGroups::LayerGroups(const ExecutorConfig& c, const DeviceModel& given,
-                         const std::function<DeviceModel(const AttentionSpec&)>& device) {
-  if (c.layer_specs.empty()) {  // one group, whatever num_layers is (plan_buckets reads no layers)
-    LayerGroup g{c.spec, c.device_model, {}};
-    for (int l = 0; l < c.num_layers; ++l) g.layers.push_back(l);
-    groups_.push_back(std::move(g));
-    group_of_.assign(static_cast<std::size_t>(std::max(0, c.num_layers)), 0);
-    return;
-  }
+                         const std::function<DeviceModel(const AttentionSpec&)>& device)
+    : group_of_(layer_groups_of(c)) {
+  // One group (spec's) even without layers: plan_buckets plans a config whose layers are not given.
+  groups_.push_back(LayerGroup{layer_spec(c, 0), c.device_model, {}});
   for (int l = 0; l < c.num_layers; ++l) {
-    const AttentionSpec& s = c.layer_specs[static_cast<std::size_t>(l)];
-    std::size_t g = 0;
-    while (g < groups_.size() && !(groups_[g].spec == s)) ++g;
+    const std::size_t g = static_cast<std::size_t>(group_of_[static_cast<std::size_t>(l)]);
     if (g == groups_.size()) {
-      const DeviceModel m =
-          g == 0 ? c.device_model
-                 : fill_device_model(given, s, device,
-                                     " for layer group " + std::to_string(g) + ", layer " + std::to_string(l) + "'s spec");
-      groups_.push_back(LayerGroup{s, m, {}});
+      const AttentionSpec& s = layer_spec(c, l);
+      groups_.push_back(LayerGroup{
+          s, fill_device_model(given, s, device, " for layer group " + std::to_string(g) + ", layer " + std::to_string(l)),
+          {}});
     }
     groups_[g].layers.push_back(l);
-    group_of_.push_back(static_cast<int>(g));
   }
 }
 

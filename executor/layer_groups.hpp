@@ -16,11 +16,6 @@ namespace decodegraph::detail {
 /// Layer l's spec: config.layer_specs[l], or config.spec when layer_specs is empty.
 const AttentionSpec& layer_spec(const ExecutorConfig& config, int layer);
 
-/// Checks layer_specs: empty, or one spec per layer (num_layers), each valid and sharing spec's
-/// block_size, dtype and layout (one block table, one slot mapping, one activation dtype and one
-/// cache layout serve every layer). Throws InvalidArgument naming layer_specs[l].<field>.
-void check_layer_specs(const ExecutorConfig& config);
-
 /// `given` with its zero fields from `device(spec)` (called only when one is 0), each checked >= 1;
 /// `whose` ends the error text ("as queried from the device" + whose).
 DeviceModel fill_device_model(const DeviceModel& given, const AttentionSpec& spec,
@@ -34,7 +29,7 @@ struct LayerGroup {
 
 class LayerGroups {
  public:
-  /// The groups of `resolved` (checked by check_layer_specs). Group 0, layer 0's, takes
+  /// The groups of `resolved` (checked by validate_layer_specs). Group 0, layer 0's, takes
   /// resolved.device_model (resolve_config fills it for layer 0's spec); every other group takes
   /// the fields `given` (the caller's device_model) sets and asks `device(spec)` for the others.
   LayerGroups(const ExecutorConfig& resolved, const DeviceModel& given,

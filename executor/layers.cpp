@@ -31,7 +31,7 @@ void LayerSet::check_layer(int layer) const {
 }
 
 void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const {
-  const std::size_t esize = dtype_size(cfg_.spec.dtype);  // every layer's (check_layer_specs)
+  const std::size_t esize = dtype_size(cfg_.spec.dtype);  // every layer's (validate_layer_specs)
   // Rows of a strided buffer: the last one starts (max_batch - 1) strides in.
   auto rows_bytes = [&](int64_t stride, int64_t row) {
     const int64_t s = stride != 0 ? stride : row;

@@ -198,7 +198,7 @@ namespace detail {
 
 ExecutorConfig resolve_planning(ExecutorConfig c) {
   validate_spec(c.spec);
-  check_layer_specs(c);
+  validate_layer_specs(c);
   require(c.max_batch >= 1, "max_batch", c.max_batch, ">= 1");
   require(c.max_seq_len >= 1, "max_seq_len", c.max_seq_len, ">= 1");
   require(c.v2_threshold >= 1, "v2_threshold", c.v2_threshold, ">= 1");
@@ -239,7 +239,7 @@ void check_layer_buffers(const std::vector<LayerBuffers>& layers, const Executor
     require(layers[l].v_cache != nullptr, p + ".v_cache", "null", "a KV cache pointer");
   }
   if (c.num_blocks < 1) return;  // reported by the caller's own check, with its message
-  const std::size_t esize = dtype_size(c.spec.dtype);  // every layer's (check_layer_specs)
+  const std::size_t esize = dtype_size(c.spec.dtype);  // every layer's (validate_layer_specs)
   const int64_t per_chunk = static_cast<int64_t>(16 / esize);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerBuffers& lb = layers[l];

@@ -12,7 +12,7 @@
 namespace decodegraph::detail {
 
 /// The fields planning reads, checked, with defaults filled in (band edges, batch buckets), and the
-/// layer specs (check_layer_specs). The device model is checked but left as given. Throws Error naming the parameter, the value and what
+/// layer specs (validate_layer_specs). The device model is checked but left as given. Throws Error naming the parameter, the value and what
 /// is allowed.
 ExecutorConfig resolve_planning(ExecutorConfig config);
 

@@ -585,6 +585,14 @@ class Executor {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Checks config.layer_specs as the Executor does: empty, or num_layers valid specs that share
+/// spec's block_size, dtype and layout. Throws InvalidArgument naming layer_specs[l].<field>.
+void validate_layer_specs(const ExecutorConfig& config);
+/// Each layer's layer group (size num_layers), numbered as Executor::layer_group numbers them
+/// (equal specs share one, in the order of their first layer), without building an Executor; for
+/// reading plan_buckets()' plans by group. Checks layer_specs first (validate_layer_specs).
+std::vector<int> layer_groups_of(const ExecutorConfig& config);
+
 /// Default bands and buckets, exposed for tests and tools.
 std::vector<int> default_band_edges(int max_seq_len, int v2_threshold);
 std::vector<int> default_batch_buckets(int max_batch);

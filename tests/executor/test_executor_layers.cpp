@@ -80,6 +80,11 @@ TEST(LayerGroups, EqualSpecsFormOneGroupNumberedByTheirFirstLayer) {
   for (const BucketPlan& p : ex.plans(1)) EXPECT_EQ(p.group, 1);
   EXPECT_EQ(ex.plan_for(1, BucketIndex(0), 0).group, 1);
   EXPECT_EQ(&ex.plan_for(BucketIndex(0), 0), &ex.plan_for(0, BucketIndex(0), 0)) << "plan_for without a group is group 0's";
+  // Without an executor, numbered the same way (for reading plan_buckets' plans by group).
+  EXPECT_EQ(layer_groups_of(c), (std::vector<int>{0, 1, 0, 1, 1}));
+  ExecutorConfig one = c;
+  one.layer_specs.clear();
+  EXPECT_EQ(layer_groups_of(one), (std::vector<int>(5, 0))) << "no layer_specs: one group";
 }
 
 TEST(LayerGroups, LayerSpecsAllEqualPlanExactlyAsOneSpec) {
@@ -378,6 +383,12 @@ TEST(LayerGroupsBadInput, EachMistakeNamesItsParameterAndNothingIsBuilt) {
                       {"layer_specs[1].head_size = 100", "64, 80"}));
   EXPECT_TRUE(rejects([&] { Executor ex(with([](ExecutorConfig& c) { c.layer_specs[3].scale = -1; })); },
                       {"layer_specs[3].scale"}));
+  // The free checks say the same without building anything.
+  EXPECT_TRUE(rejects([&] { validate_layer_specs(with([](ExecutorConfig& c) { c.layer_specs[2].block_size = 32; })); },
+                      {"layer_specs[2].block_size = 32", "spec.block_size = 16"}));
+  EXPECT_TRUE(rejects([&] { layer_groups_of(with([](ExecutorConfig& c) { c.layer_specs.pop_back(); })); },
+                      {"layer_specs.size() = 3", "num_layers = 4"}));
+  EXPECT_NO_THROW(validate_layer_specs(good));
   // The cache of each layer is checked against its own spec: layer 1's holds 1 x 128 per token.
   EXPECT_TRUE(rejects([&] {
     Executor ex(with([&](ExecutorConfig& c) {
