@@ -115,6 +115,7 @@ std::unique_ptr<StepRig> make_rig(dg::BackendKind backend, bool empty_body, dg::
   cfg.spec = rig->spec;
   cfg.num_layers = 1;
   cfg.layers.push_back({rig->alloc(cache_bytes, shared ? 0 : 11), rig->alloc(cache_bytes, shared ? 0 : 12)});
+  cfg.layers.back().k_cache_bytes = cfg.layers.back().v_cache_bytes = cache_bytes;  // the host backend cannot ask
   cfg.max_batch = 256;
   cfg.max_seq_len = kLongContext;
   cfg.num_blocks = rig->num_blocks;

@@ -48,6 +48,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.ledger.budget = m.cfg.memory_budget_bytes;
   m.layers = std::make_unique<detail::LayerSet>(m.cfg, *m.backend, *m.memory, m.ledger);
   m.layers->check_device_ranges(m.cfg.layers);
+  m.layers->warn_missing_cache_sizes(m.cfg.layers, *m.log);
   // Band choice: the probe runs once here, outside any capture; a missing feature is a fallback.
   m.band_mode = detail::choose_band_select(m.cfg, *m.backend, *m.log, m.band_note);
   m.plans = std::make_unique<detail::PlanBook>(m.cfg, std::move(groups));
@@ -141,7 +142,7 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
     if (caller)
       graphs->check_caller_capture(inputs);
     else
-      bad_blocks->report(/*wait=*/false, steps);
+      bad_blocks->report(/*wait=*/false, steps, /*from_step=*/true);
     const detail::Lengths lens = staging->validate(inputs);
     const int bucket = plans->bucket_of_batch(inputs.num_seqs);
     const int batch = cfg.batch_buckets[static_cast<std::size_t>(bucket)];
@@ -155,6 +156,7 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
       ++g.slot->stats.replays;
       r = g.result;
     }
+    if (r.band >= 0) r.launch_id = plans->plan(bucket, r.band).graph_id;
   } catch (...) {
     ++rejected;
     throw;
@@ -169,7 +171,7 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
 
 void Executor::check_errors() {
   detail::DeviceScope device{*impl_->backend};
-  impl_->bad_blocks->report(/*wait=*/true, impl_->steps);
+  impl_->bad_blocks->report(/*wait=*/true, impl_->steps, /*from_step=*/false);
 }
 
 HostStaging Executor::host_staging() {
@@ -194,6 +196,7 @@ void Executor::rebind_layers(std::vector<LayerBuffers> layers) {
   detail::DeviceScope device{*m.backend};
   // 1. Validation: nothing has changed when this throws.
   m.layers->check_rebind(layers, m.graphs->bytes());
+  m.layers->warn_missing_cache_sizes(layers, *m.log);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LayerBuffers> resolved = m.layers->resolve(layers);  // owned buffers are kept either way
   // NOTE(graph): a graph still running reads the old buffers; after this, none does.
@@ -244,7 +247,24 @@ const BucketPlan& Executor::plan_for(int group, BucketIndex bucket, int band) co
   return pb.group_plan(group, pb.index(bucket.value, band));
 }
 
-const BucketPlan& Executor::plan_for(const StepResult& step) const { return plan_for(step.bucket, step.band); }
+const BucketPlan& Executor::plan_for(const StepResult& step) const {
+  if (step.band < 0 && step.band_on_device)
+    throw_invalid("step.band", step.band,
+                  "a band known on the host. This step's graph chose its band on the device (BandSelect::kDevice, "
+                  "device-resident inputs, kCheap), so no single plan is known: plans_for(step.bucket) has every "
+                  "band's plan, and stats().graphs[] (graph_id " + std::to_string(step.graph_id) +
+                      ").band_replays counts the bands it ran. Give a max_seq_len hint, host inputs or kFull to "
+                      "know the band per step");
+  return plan_for(step.bucket, step.band);
+}
+
+std::span<const BucketPlan> Executor::plans_for(BucketIndex bucket) const { return plans_for(0, bucket); }
+
+std::span<const BucketPlan> Executor::plans_for(int group, BucketIndex bucket) const {
+  const detail::PlanBook& pb = *impl_->plans;
+  const BucketPlan& first = plan_for(group, bucket, 0);  // checks the indices; a group's bands are contiguous
+  return {&first, static_cast<std::size_t>(pb.num_bands())};
+}
 
 const BucketPlan& Executor::plan_for_batch(int batch_size, int band) const {
   const Impl& m = *impl_;

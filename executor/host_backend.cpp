@@ -10,7 +10,7 @@
 // Attention runs with the kernels' semantics for staged inputs that validation did not see
 // (kCheap, or device inputs with a max_seq_len hint): lengths clamped to [0, max_seq_len], block
 // ids clamped to [0, num_blocks) and the first bad id reported through DecodeArgs::bad_block.
-// The append skips a slot past the cache, as the kernel does. host:: would throw instead, in the
+// The append skips (and reports) a slot past the cache or not at its position, as the kernel does. host:: would throw instead, in the
 // middle of a replay; the host backend gives it a sanitised copy, so both backends compute the same
 // numbers and report the same way.
 //
@@ -43,6 +43,7 @@
 #include "executor/host_capture.hpp"
 #include "executor/plan.hpp"
 #include "executor/staging_ring.hpp"
+#include "kernels/append_report.hpp"
 
 namespace decodegraph::detail {
 namespace {
@@ -104,6 +105,28 @@ void run_with_device_semantics(const DecodeArgs& a, const Run& run) {
   b.seq_lens = lens.data();
   b.block_tables = table.data();
   run(b);
+}
+
+// The append as the kernel does it: a slot past the cache, or (with the staged lengths and tables)
+// not the slot of its position or under a bad block id, is skipped and the first one reported
+// through args.bad_slot
+// (kernels/append_report.hpp, the kernel's own check); host:: would throw in the middle of a replay.
+void run_append_with_device_semantics(const AppendArgs& args) {
+  std::vector<int64_t> slots(args.slot_mapping, args.slot_mapping + args.num_tokens);
+  for (int t = 0; t < args.num_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    const int code = kernels::check_append_slot(slots[t], args.num_blocks, args.seq_lens, args.block_tables,
+                                                args.block_table_stride, args.spec.block_size, t);
+    if (code == 0) continue;
+    slots[t] = -1;
+    if (args.bad_slot != nullptr && *args.bad_slot == 0) *args.bad_slot = code;
+  }
+  AppendArgs a = args;
+  a.slot_mapping = slots.data();
+  a.seq_lens = nullptr;  // checked above
+  a.block_tables = nullptr;
+  a.bad_slot = nullptr;
+  host::append_kv(a);
 }
 
 class HostGraph final : public BackendGraph {
@@ -310,17 +333,7 @@ class HostBackend final : public Backend {
   void append(const AppendArgs& args) override {
     enqueue([args] {
       check_kernel("host::append_kv");
-      const int64_t cap = static_cast<int64_t>(args.num_blocks) * args.spec.block_size;
-      if (std::none_of(args.slot_mapping, args.slot_mapping + args.num_tokens, [&](int64_t s) { return s >= cap; })) {
-        host::append_kv(args);
-        return;
-      }
-      std::vector<int64_t> slots(args.slot_mapping, args.slot_mapping + args.num_tokens);
-      for (int64_t& s : slots)
-        if (s >= cap) s = -1;  // skipped, as the kernel skips it
-      AppendArgs a = args;
-      a.slot_mapping = slots.data();
-      host::append_kv(a);
+      run_append_with_device_semantics(args);
     });
   }
   void host_work(std::function<void()> fn) override {

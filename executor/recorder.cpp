@@ -96,6 +96,12 @@ void Recorder::append(const BucketPlan& plan, int layer) {
   a.k_cache = lb.k_cache;
   a.v_cache = lb.v_cache;
   a.slot_mapping = targets_.inputs.slot_mapping;
+  // NOTE(graph): the staged lengths and tables: each slot is checked against its position (one
+  // compare per token) and a wrong one skipped and reported through the bad-block flag.
+  a.seq_lens = targets_.inputs.seq_lens;
+  a.block_tables = targets_.inputs.block_tables;
+  a.block_table_stride = cfg_.max_blocks_per_seq;
+  a.bad_slot = targets_.bad_block;
   backend_.append(a);
 }
 

@@ -8,6 +8,7 @@
 
 #include "decodegraph/error.hpp"
 #include "executor/log.hpp"
+#include "kernels/validate.hpp"
 
 namespace decodegraph::detail {
 std::size_t StepStaging::device_bytes(const ExecutorConfig& c) {
@@ -133,17 +134,9 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
   // would read a stale token at seq_len - 1 and the new one would land past the length.
   for (int i = 0; i < n; ++i) {
     if (slots[i] < 0) continue;
-    const int pos = lens[i] - 1;
-    const int col = pos / bs;
-    const int64_t block = bt[static_cast<std::size_t>(i) * in.block_table_stride + col];
-    const int64_t want = block * bs + pos % bs;
-    if (slots[i] != want)
-      throw_invalid("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i],
-                    "negative (skip) or the slot of position seq_len - 1 = " + std::to_string(pos) +
-                        " (seq_lens counts the token appended this step): block_tables[" + std::to_string(i) +
-                        "][" + std::to_string(col) + "] * block_size + " + std::to_string(pos % bs) + " = " +
-                        std::to_string(block) + " * " + std::to_string(bs) + " + " + std::to_string(pos % bs) +
-                        " = " + std::to_string(want));
+    require_position_slot("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i], lens[i],
+                          bt + static_cast<std::size_t>(i) * in.block_table_stride, in.block_table_stride, bs,
+                          cfg_.num_blocks, "inputs.block_tables[" + std::to_string(i) + "]");
   }
 }
 

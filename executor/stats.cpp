@@ -26,11 +26,16 @@ ExecutorStats Executor::stats() const {
   detail::DeviceScope device{*m.backend};
   ExecutorStats s;
   m.graphs->add_stats(s);  // graphs, capture and instantiate times, distinct_graphs
+  for (GraphStats& g : s.graphs) {  // a bucket graph's branches, by launch id (BucketPlan::graph_id)
+    if (!g.switch_graph) continue;
+    for (int band = 0; band < m.plans->num_bands(); ++band)
+      g.band_launch_ids.push_back(m.plans->plan(g.graph_id, band).graph_id);
+  }
   s.band_select = m.band_mode;
   s.band_select_note = m.band_note;
-  s.buckets = static_cast<int>(m.plans->plans().size());
+  s.buckets = static_cast<int>(m.plans->num_cells());  // not plans().size(): that counts each layer group's
   s.distinct_plans = static_cast<int>(m.plans->launches().size());
-  for (const BucketPlan& p : m.plans->plans()) s.undecided_buckets += p.graph_id < 0;
+  for (const BucketPlan& p : m.plans->group_plans(0)) s.undecided_buckets += p.graph_id < 0;  // the same in every group
   s.steps = m.steps;
   s.rejected_steps = m.rejected;
   s.total_captures = m.graphs->total_captures();

@@ -100,7 +100,10 @@ std::vector<CaptureCost> plan_only_capture_costs(const dg::ExecutorConfig& cfg, 
   std::vector<Buffer> caches;
   caches.reserve(2 * static_cast<std::size_t>(layers));  // the executor holds their addresses: never moved
   for (int l = 0; l < 2 * layers; ++l) caches.emplace_back(false, block_bytes);
-  for (int l = 0; l < layers; ++l) ec.layers.push_back(dg::LayerBuffers{caches[2 * l].get(), caches[2 * l + 1].get()});
+  for (int l = 0; l < layers; ++l) {
+    ec.layers.push_back(dg::LayerBuffers{caches[2 * l].get(), caches[2 * l + 1].get()});
+    ec.layers.back().k_cache_bytes = ec.layers.back().v_cache_bytes = block_bytes;  // the host backend cannot ask
+  }
   return capture_costs(ec);
 }
 

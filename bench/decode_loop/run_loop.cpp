@@ -33,6 +33,7 @@ dg::ExecutorConfig run_config(const Setup& s, const Caches& caches) {
     dg::LayerBuffers lb;
     lb.k_cache = caches.k[l].get();
     lb.v_cache = caches.v[l].get();
+    lb.k_cache_bytes = lb.v_cache_bytes = s.geo.layer[l].cache_elems * s.geo.esize;  // the host backend cannot ask
     cfg.layers.push_back(lb);
   }
   cfg.num_blocks = s.geo.num_blocks;

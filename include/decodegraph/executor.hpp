@@ -56,9 +56,10 @@ enum class BackendKind : int { kAuto = 0, kCuda = 1, kHost = 2 };
 enum class CapturePolicy : int { kUpFront = 0, kLazy = 1 };
 /// What step() checks on the host (docs/bad-input.md has the full table).
 ///  kCheap: counts, pointers, lengths (host inputs, or device inputs without a max_seq_len hint) and
-///          the table width. Block ids are not read on the host: the kernels clamp a bad id into
-///          [0, num_blocks) and report it through a flag that the next step() or check_errors()
-///          turns into an InvalidArgument.
+///          the table width. Block ids and slots are not read on the host: the kernels clamp a bad
+///          id into [0, num_blocks), the append skips a slot past the cache or not that of position
+///          seq_len - 1 (one compare per token), and the first of these is reported through a flag
+///          that the next step() or check_errors() turns into a CorruptedStepReport.
 ///  kFull:  also every block id a length uses against num_blocks, every slot against the cache size
 ///          and against the position seq_len - 1 of its sequence, and every length against the
 ///          max_seq_len hint (device inputs are copied to the host for this, synchronously).
@@ -113,11 +114,10 @@ struct DeviceModel {
   int target_blocks() const { return num_sms * blocks_per_sm; }
 };
 
-#ifdef NDEBUG
+/// ExecutorConfig::validation's default: kCheap, in every build of the library and of its callers
+/// (it once followed the including file's NDEBUG, so two files of one program could disagree). Set
+/// kFull while developing an engine: it catches block-id and slot mistakes before the step runs.
 inline constexpr ValidationLevel kDefaultValidation = ValidationLevel::kCheap;
-#else
-inline constexpr ValidationLevel kDefaultValidation = ValidationLevel::kFull;
-#endif
 
 /// Why a plan runs its kernel.
 enum class PlanReason : int {
@@ -196,9 +196,12 @@ struct BucketPlan {
   double predicted_regret = 0;
   int candidates_scored = 0;
   PlanReason reason = PlanReason::kLeastRegret;
-  /// Index of the graph this bucket replays (ExecutorStats::graphs[].graph_id), the same in every
-  /// layer group's plan of the bucket; buckets whose launches are identical in every group share one.
-  /// -1: not decided yet (kMeasured, before the bucket's first capture).
+  /// The launch id: which distinct launch sequence this bucket runs (ExecutorStats::distinct_plans of
+  /// them), the same in every layer group's plan of the bucket; buckets whose launches are identical
+  /// in every group share one. Under BandSelect::kHost it is also the graph the bucket replays
+  /// (GraphStats::graph_id); under kDevice the graph is the batch bucket's and this names the SWITCH
+  /// branch (StepResult::launch_id, GraphStats::band_launch_ids). -1: not decided yet (kMeasured,
+  /// before the bucket's first capture).
   int graph_id = -1;
   /// kMeasured: the candidates, with their measured time once the bucket has been captured.
   std::vector<PlanCandidate> candidates;
@@ -295,7 +298,8 @@ struct ExecutorConfig {
 
   CapturePolicy capture = CapturePolicy::kLazy;
   BackendKind backend = BackendKind::kAuto;
-  ValidationLevel validation = kDefaultValidation;
+  /// kCheap (kDefaultValidation) unless set: the same in Debug and Release builds.
+  ValidationLevel validation = ValidationLevel::kCheap;
   /// Attention-only step: append each layer's new K/V at slot_mapping before its attention.
   bool append_kv = true;
   /// Device memory the executor may use (static buffers + workspace + graphs); 0 = unlimited.
@@ -320,7 +324,8 @@ struct StepInputs {
   int block_table_stride = 0;
   /// [num_seqs] where each sequence's new K/V goes: the slot of position seq_len - 1,
   /// block_tables[i][(seq_len - 1) / block_size] * block_size + (seq_len - 1) % block_size, or a
-  /// negative value to skip the append. Required when KV append runs. kFull checks the position.
+  /// negative value to skip the append. Required when KV append runs. kFull checks the position
+  /// before the step; kCheap's append skips a wrong slot and reports it (CorruptedStepReport).
   const int64_t* slot_mapping = nullptr;
   MemorySpace space = MemorySpace::kHost;
   /// Optional upper bound on every seq_len of this step (0 = none). The block-table columns staged
@@ -365,9 +370,13 @@ struct StepResult {
   /// The step's stream was being captured by the caller: the step's work was recorded into that
   /// capture (captured stays false: no graph of the executor's was captured or launched).
   bool in_caller_capture = false;
-  /// The graph it replayed (ExecutorStats::graphs[].graph_id). kDevice: the batch bucket's graph,
-  /// numbered by bucket index, not the plan's graph_id (which there names the branch).
+  /// The graph it replayed: the GraphStats with this graph_id in stats().graphs. Graphs are numbered
+  /// by what one graph holds: under kHost one graph per launch (graph_id = launch_id), under kDevice
+  /// one per batch bucket (graph_id = bucket.value).
   int graph_id = -1;
+  /// The launch the step ran (its plan's BucketPlan::graph_id), when its band is known on the host;
+  /// -1 when the graph chose the band on the device (band -1).
+  int launch_id = -1;
 };
 
 class Executor;
@@ -416,6 +425,8 @@ using StepBody = std::function<void(StepContext&)>;
 
 /// One captured graph. A graph shared by several buckets appears once.
 struct GraphStats {
+  /// The graph's id (StepResult::graph_id): kHost, the launch id of its plans (BucketPlan::graph_id);
+  /// kDevice, its batch bucket's index.
   int graph_id = 0;
   int batch = 0;
   int band = 0;       // lowest band that replays it
@@ -448,6 +459,9 @@ struct GraphStats {
   std::vector<KernelKind> group_kernels;
   /// kDevice: group_band_kernels[g][b] is group g's kernel in band (band + b)'s branch.
   std::vector<std::vector<KernelKind>> group_band_kernels;
+  /// kDevice: each band's launch id (BucketPlan::graph_id: bands with the same id share a branch);
+  /// kHost: empty (the graph is one launch, graph_id).
+  std::vector<int> band_launch_ids;
 };
 
 struct ExecutorStats {
@@ -477,8 +491,9 @@ struct ExecutorStats {
   /// Bytes step() copied into the host staging buffers; inputs already written into host_staging()
   /// are not copied. The DMA to the device is not counted.
   long long staging_copy_bytes = 0;
-  long long bad_block_reports = 0;  // invalid block ids reported (each one InvalidArgument)
-  long long caller_captures = 0;    // steps recorded into a caller's stream capture (also in steps)
+  /// Delayed reports thrown (each one CorruptedStepReport): bad block ids and skipped slots.
+  long long bad_block_reports = 0;
+  long long caller_captures = 0;  // steps recorded into a caller's stream capture (also in steps)
   /// Replays of `kind`'s launches: kHost graphs by their kernel, kDevice graphs by branch execution;
   /// layer group 0's launches, or those of `group`.
   long long replays(KernelKind kind) const { return replays(kind, 0); }
@@ -503,8 +518,9 @@ class Executor {
 
   /// Validates, buckets, stages and replays one decode step on the executor's own stream
   /// (stream()). Throws InvalidArgument on bad input and leaves the executor unchanged. Also throws
-  /// InvalidArgument, once, when an earlier step read an invalid block id (see check_errors()); the
-  /// step then runs nothing, and the next call proceeds.
+  /// CorruptedStepReport (an InvalidArgument), once, when an earlier step read an invalid block id
+  /// or was given a wrong slot (see check_errors()); the step then runs nothing (submit it again),
+  /// and the next call proceeds.
   StepResult step(const StepInputs& inputs);
   /// The same on the caller's stream: staging and replay are enqueued on `stream` (nullptr is the
   /// legacy default stream), ordered after earlier work there and before later work (see the top of
@@ -530,10 +546,11 @@ class Executor {
   /// captured again when a step needs it.
   void rebind_layers(std::vector<LayerBuffers> layers);
   /// Waits for the last step to finish (a sync point; host: returns at once) and throws
-  /// InvalidArgument if any step since the last report read a block id outside [0, num_blocks)
-  /// (possible under kCheap, which leaves ids to the caller; the kernels clamp such an id, so the
-  /// outputs of that sequence were wrong). The message names the table entry. The report is then
-  /// cleared; the executor stays usable.
+  /// CorruptedStepReport if any step since the last report read a block id outside [0, num_blocks)
+  /// or was given a slot past the cache or not that of position seq_len - 1 (possible under kCheap,
+  /// which leaves ids and slots to the caller; the kernels clamp such an id and skip such a slot, so
+  /// that sequence's output or new K/V is wrong). It names the sequence, the steps and what to do.
+  /// The report is then cleared; the executor stays usable.
   void check_errors();
   /// Captures every bucket now (what CapturePolicy::kUpFront does in the constructor).
   void capture_all();
@@ -552,8 +569,15 @@ class Executor {
   /// for layer group 0 (every layer's, with one spec), or for layer group `group`.
   const BucketPlan& plan_for(BucketIndex bucket, int band) const;
   const BucketPlan& plan_for(int group, BucketIndex bucket, int band) const;
-  /// The plan a step ran (layer group 0's; StepResult's kernel and partition_size are its).
+  /// The plan a step ran (layer group 0's; StepResult's kernel and partition_size are its). Throws
+  /// InvalidArgument when its band is not known on the host (band -1: kDevice with device-resident
+  /// inputs and kCheap, where the graph chose the band itself); then plans_for(step.bucket) has
+  /// every band's plan and stats().graphs[].band_replays counts the bands the graph ran.
   const BucketPlan& plan_for(const StepResult& step) const;
+  /// Every band's plan of batch bucket `bucket`, band order (plans_for(b)[band] = plan_for(b, band)),
+  /// for layer group 0, or for layer group `group`.
+  std::span<const BucketPlan> plans_for(BucketIndex bucket) const;
+  std::span<const BucketPlan> plans_for(int group, BucketIndex bucket) const;
   /// The plan a step of `batch_size` sequences (1..max_batch) in band index `band` replays (group 0's).
   const BucketPlan& plan_for_batch(int batch_size, int band) const;
   /// Layers with equal specs (ExecutorConfig::layer_specs) form a layer group, numbered in the order

@@ -307,7 +307,9 @@ class BucketPlan:
 @dataclass
 class StepResult:
     """What one step ran (C++ ``StepResult``). ``bucket`` is the batch bucket's index; ``band`` is -1
-    (and band_hi, kernel, partition_size unknown) when a kDevice graph chose the band on the device."""
+    (and band_hi, kernel, partition_size unknown, launch_id -1) when a kDevice graph chose the band on
+    the device. ``graph_id`` names the graph replayed (``stats().graphs[].graph_id``: kHost one per
+    launch, kDevice one per batch bucket); ``launch_id`` the launch it ran (``BucketPlan.graph_id``)."""
 
     bucket: int
     bucket_batch_size: int
@@ -319,6 +321,7 @@ class StepResult:
     captured: bool
     measured: bool
     graph_id: int
+    launch_id: int
 
 
 @dataclass
@@ -347,6 +350,7 @@ class GraphStats:
     branches: int
     band_replays: List[int]
     band_kernels: List[KernelKind]
+    band_launch_ids: List[int]
     group_kernels: List[KernelKind] = field(default_factory=list)  # [group]: kHost its kernel, kDevice its longest band's
     group_band_kernels: List[List[KernelKind]] = field(default_factory=list)  # kDevice: [group][band - this.band]
 

@@ -152,6 +152,7 @@ nb::dict to_py(const dg::GraphStats& g) {
   d["band_kernels"] = g.band_kernels;
   d["group_kernels"] = g.group_kernels;
   d["group_band_kernels"] = g.group_band_kernels;
+  d["band_launch_ids"] = g.band_launch_ids;
   return d;
 }
 
@@ -213,6 +214,7 @@ nb::dict to_py(const dg::StepResult& r) {
   d["captured"] = r.captured;
   d["measured"] = r.measured;
   d["graph_id"] = r.graph_id;
+  d["launch_id"] = r.launch_id;
   return d;
 }
 

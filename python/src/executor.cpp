@@ -108,6 +108,22 @@ class PyExecutor {
   int num_layer_groups() const { return ex_->num_layer_groups(); }
   int layer_group(int layer) const { return ex_->layer_group(layer); }
   std::vector<int> group_layers(int group) const { return ex_->group_layers(group); }
+  // plan_for(const StepResult&): the fields it reads, so that its error (band -1 chosen on the
+  // device) is the C++ one; then group `group`'s plan of the same cell.
+  nb::dict plan_for_step(int bucket, int band, bool band_on_device, int graph_id, int group) {
+    auto lk = lock();
+    dg::StepResult r;
+    r.bucket = dg::BucketIndex(bucket);
+    r.band = band;
+    r.band_on_device = band_on_device;
+    r.graph_id = graph_id;
+    const dg::BucketPlan& p0 = ex_->plan_for(r);
+    return to_py(group == 0 ? p0 : ex_->plan_for(group, r.bucket, r.band));
+  }
+  nb::list plans_for(int bucket, int group) {
+    auto lk = lock();
+    return to_py(ex_->plans_for(group, dg::BucketIndex(bucket)));
+  }
   nb::dict plan_for_batch(int batch, int band) {
     auto lk = lock();
     return to_py(ex_->plan_for_batch(batch, band));
@@ -437,6 +453,9 @@ void bind_executor(nb::module_& m) {
       .def("plan_for", &PyExecutor::plan_for, "bucket"_a, "band"_a, "group"_a = 0)
       .def("layer_group", &PyExecutor::layer_group, "layer"_a)
       .def("group_layers", &PyExecutor::group_layers, "group"_a)
+      .def("plan_for_step", &PyExecutor::plan_for_step, "bucket"_a, "band"_a, "band_on_device"_a, "graph_id"_a,
+           "group"_a = 0)
+      .def("plans_for", &PyExecutor::plans_for, "bucket"_a, "group"_a = 0)
       .def("plan_for_batch", &PyExecutor::plan_for_batch, "batch_size"_a, "band"_a)
       .def("plan_table", &PyExecutor::plan_table)
       .def("stats", &PyExecutor::stats)

@@ -129,6 +129,8 @@ struct World {
       LayerBuffers lb;
       lb.k_cache = k[l].data();
       lb.v_cache = v[l].data();
+      lb.k_cache_bytes = k[l].bytes;  // the host backend cannot ask for an allocation's size
+      lb.v_cache_bytes = v[l].bytes;
       c.layers.push_back(lb);
     }
     c.max_batch = max_batch;

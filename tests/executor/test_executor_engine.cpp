@@ -732,7 +732,7 @@ TEST_P(BadBlock, KCheapClampsTheIdAndTheNextStepReportsIt) {
   w.fill_step(ex);
   EXPECT_TRUE(rejects([&] { ex.step(w.inputs()); },
                       {"inputs.block_tables[2][3]", "0..num_blocks-1 = 0.." + std::to_string(w.num_blocks - 1),
-                       "step 1", "sequence 2 is wrong"}));
+                       "step 1", "sequence 2", "submit its inputs again"}));
   EXPECT_EQ(ex.stats().bad_block_reports, 1);
   EXPECT_EQ(ex.stats().rejected_steps, 1);
   ex.step(w.inputs());  // then it runs
@@ -758,7 +758,7 @@ TEST(BadBlockReport, CheckErrorsReportsItAndClearsIt) {
   w.tables[1 * w.stride + 1] = -1;  // sequence 1 has 20 tokens: columns 0 and 1 are read
   w.fill_step(ex);
   ex.step(w.inputs());
-  EXPECT_TRUE(rejects([&] { ex.check_errors(); }, {"inputs.block_tables[1][1]", "(step 2)"}));
+  EXPECT_TRUE(rejects([&] { ex.check_errors(); }, {"inputs.block_tables[1][1]", "sequence 1, step 2)"}));
   EXPECT_NO_THROW(ex.check_errors()) << "reported once";
   w.tables[1 * w.stride + 1] = w.seq_blocks[1][1];
   w.tables[1 * w.stride + 2] = -1;  // past sequence 1's length: never read, never reported
@@ -786,7 +786,7 @@ TEST(BadBlockReport, TheReportNamesTheStepsSinceTheLastOne) {
   ex.step(w.inputs());
   w.set_lens({300, 20});
   EXPECT_TRUE(rejects([&] { ex.step(w.inputs()); },
-                      {"inputs.block_tables[0][18]", "one of steps 1..3, those since the last report"}));
+                      {"inputs.block_tables[0][18]", "one of steps 1..3 (those since the last report)"}));
   w.fill_step(ex);
   ex.step(w.inputs());
   EXPECT_TRUE(w.check_layer(ex, 0));
