@@ -287,6 +287,7 @@ ExecutorConfig resolve_config(ExecutorConfig c, const std::function<DeviceModel(
   require(c.max_batch >= 1, "max_batch", c.max_batch, ">= 1");
   require(c.max_seq_len >= 1, "max_seq_len", c.max_seq_len, ">= 1");
   require(c.num_blocks >= 1, "num_blocks", c.num_blocks, ">= 1");
+  validate_layer_specs(c);  // before the caches are sized by each layer's spec: a bad spec is the cause
   check_layer_buffers(c.layers, c);
   const int need_blocks = (c.max_seq_len + c.spec.block_size - 1) / c.spec.block_size;
   if (c.max_blocks_per_seq == 0) c.max_blocks_per_seq = need_blocks;
