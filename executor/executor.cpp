@@ -38,9 +38,11 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.make_backend(config.backend);
   detail::DeviceScope device{*m.backend};  // device_guard.hpp: every entry point below binds it too
   const BackendKind kind = m.backend->kind();
-  // The device model is queried here, once, outside any capture.
-  m.cfg = detail::resolve_config(std::move(config),
-                                 [&](const AttentionSpec& spec) { return m.backend->device_model(spec); });
+  // The device model is queried here, once per layer group, outside any capture.
+  const DeviceModel given_model = config.device_model;
+  const auto device_model = [&](const AttentionSpec& spec) { return m.backend->device_model(spec); };
+  m.cfg = detail::resolve_config(std::move(config), device_model);
+  detail::LayerGroups groups(m.cfg, given_model, device_model);
   m.cfg.backend = kind;
   m.memory = std::make_unique<detail::Allocations>(*m.backend);
   m.ledger.budget = m.cfg.memory_budget_bytes;
@@ -49,7 +51,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.layers->warn_missing_cache_sizes(m.cfg.layers, *m.log);
   // Band choice: the probe runs once here, outside any capture; a missing feature is a fallback.
   m.band_mode = detail::choose_band_select(m.cfg, *m.backend, *m.log, m.band_note);
-  m.plans = std::make_unique<detail::PlanBook>(m.cfg);
+  m.plans = std::make_unique<detail::PlanBook>(m.cfg, std::move(groups));
   m.build(std::move(body));
   if (m.cfg.capture == CapturePolicy::kUpFront) capture_all();
 }
@@ -77,7 +79,7 @@ void Executor::Impl::build(StepBody body) {
   const ExecutorConfig& c = cfg;
   const bool on_device = band_mode == BandSelect::kDevice;
   const std::size_t alibi_bytes = c.alibi_slopes.size() * sizeof(float);
-  ledger.workspace_bytes = plans->workspace_bytes(c.spec);  // every plan, and every kMeasured candidate
+  ledger.workspace_bytes = plans->workspace_bytes();  // every group's plans, and every kMeasured candidate
   ledger.static_bytes = detail::StepStaging::device_bytes(c) + alibi_bytes + detail::BadBlockReport::kDeviceBytes +
                         detail::Measurer::device_bytes(c) + (on_device ? detail::switch_graphs_device_bytes(c) : 0);
   const std::size_t layer_bytes = layers->owned_bytes_missing(c.layers);
@@ -107,13 +109,13 @@ void Executor::Impl::build(StepBody body) {
   graphs = on_device ? detail::make_switch_graphs(parts) : detail::make_plan_graphs(parts);
 
   log->info("executor: backend {}, {} layers, max_batch {}, max_seq_len {}, {} buckets x {} bands, "
-            "policy {}, band select {}, device model {} SMs x {} blocks, {} graphs ({} distinct plans), "
+            "{} layer groups, policy {}, band select {}, device model {} SMs x {} blocks, {} graphs ({} distinct plans), "
             "capture {}, memory {} (static {}, workspace {})",
             to_string(c.backend), c.num_layers, c.max_batch, c.max_seq_len, c.batch_buckets.size(),
-            plans->num_bands(), to_string(c.policy), to_string(band_mode), c.device_model.num_sms,
+            plans->num_bands(), plans->num_groups(), to_string(c.policy), to_string(band_mode), c.device_model.num_sms,
             c.device_model.blocks_per_sm, graphs->distinct_graphs(), plans->launches().size(), to_string(c.capture),
             detail::mib(needed), detail::mib(ledger.static_bytes), detail::mib(ledger.workspace_bytes));
-  if (log->should_log(spdlog::level::debug)) log->debug("plans:\n{}", format_plan_table(plans->plans()));
+  if (log->should_log(spdlog::level::debug)) log->debug("plans:\n{}", detail::plan_table_text(*plans));
 }
 
 Executor::~Executor() = default;
@@ -231,15 +233,18 @@ BandSelect Executor::band_select() const { return impl_->band_mode; }
 const ExecutorConfig& Executor::config() const { return impl_->cfg; }
 const std::vector<BucketPlan>& Executor::plans() const { return impl_->plans->plans(); }
 
-const BucketPlan& Executor::plan_for(BucketIndex bucket, int band) const {
+const BucketPlan& Executor::plan_for(BucketIndex bucket, int band) const { return plan_for(0, bucket, band); }
+
+const BucketPlan& Executor::plan_for(int group, BucketIndex bucket, int band) const {
   const detail::PlanBook& pb = *impl_->plans;
+  detail::check_group(pb, group);
   if (bucket.value < 0 || bucket.value >= pb.num_buckets())
     throw_invalid("bucket", bucket.value,
                   "a batch bucket index 0.." + std::to_string(pb.num_buckets() - 1) +
                       " (not a batch size: see plan_for_batch)");
   if (band < 0 || band >= pb.num_bands())
     throw_invalid("band", band, "a band index 0.." + std::to_string(pb.num_bands() - 1));
-  return pb.plan(bucket.value, band);
+  return pb.group_plan(group, pb.index(bucket.value, band));
 }
 
 const BucketPlan& Executor::plan_for(const StepResult& step) const {
@@ -253,9 +258,11 @@ const BucketPlan& Executor::plan_for(const StepResult& step) const {
   return plan_for(step.bucket, step.band);
 }
 
-std::span<const BucketPlan> Executor::plans_for(BucketIndex bucket) const {
+std::span<const BucketPlan> Executor::plans_for(BucketIndex bucket) const { return plans_for(0, bucket); }
+
+std::span<const BucketPlan> Executor::plans_for(int group, BucketIndex bucket) const {
   const detail::PlanBook& pb = *impl_->plans;
-  const BucketPlan& first = plan_for(bucket, 0);  // checks the index
+  const BucketPlan& first = plan_for(group, bucket, 0);  // checks the indices; a group's bands are contiguous
   return {&first, static_cast<std::size_t>(pb.num_bands())};
 }
 
@@ -266,7 +273,29 @@ const BucketPlan& Executor::plan_for_batch(int batch_size, int band) const {
   return plan_for(BucketIndex(m.plans->bucket_of_batch(batch_size)), band);
 }
 
-std::string Executor::plan_table() const { return format_plan_table(impl_->plans->plans()); }
+std::string Executor::plan_table() const { return detail::plan_table_text(*impl_->plans); }
+
+std::span<const BucketPlan> Executor::plans(int group) const {
+  detail::check_group(*impl_->plans, group);
+  return impl_->plans->group_plans(group);
+}
+
+int Executor::num_layer_groups() const { return impl_->plans->num_groups(); }
+
+int Executor::layer_group(int layer) const {
+  impl_->layers->check_layer(layer);
+  return impl_->plans->groups().group_of(layer);
+}
+
+const std::vector<int>& Executor::group_layers(int group) const {
+  detail::check_group(*impl_->plans, group);
+  return impl_->plans->groups()[group].layers;
+}
+
+const AttentionSpec& Executor::layer_spec(int layer) const {
+  impl_->layers->check_layer(layer);
+  return impl_->plans->groups().spec_of(layer);
+}
 
 Stream Executor::stream() const { return impl_->backend->stream(); }
 

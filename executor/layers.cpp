@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "decodegraph/error.hpp"
+#include "executor/layer_groups.hpp"
 #include "executor/log.hpp"
 #include "executor/plan.hpp"
 
@@ -16,14 +17,14 @@ namespace decodegraph::detail {
 LayerSet::LayerSet(const ExecutorConfig& config, Backend& backend, Allocations& memory, MemoryLedger& ledger)
     : cfg_(config), backend_(backend), memory_(memory), ledger_(ledger), owned_(config.num_layers) {}
 
-std::size_t LayerSet::q_bytes() const {
-  return static_cast<std::size_t>(cfg_.max_batch) * cfg_.spec.num_q_heads * cfg_.spec.head_size *
-         dtype_size(cfg_.spec.dtype);
+std::size_t LayerSet::q_bytes(int l) const {
+  const AttentionSpec& s = layer_spec(cfg_, l);
+  return static_cast<std::size_t>(cfg_.max_batch) * s.num_q_heads * s.head_size * dtype_size(s.dtype);
 }
 
-std::size_t LayerSet::kv_token_bytes() const {
-  return static_cast<std::size_t>(cfg_.max_batch) * cfg_.spec.num_kv_heads * cfg_.spec.head_size *
-         dtype_size(cfg_.spec.dtype);
+std::size_t LayerSet::kv_token_bytes(int l) const {
+  const AttentionSpec& s = layer_spec(cfg_, l);
+  return static_cast<std::size_t>(cfg_.max_batch) * s.num_kv_heads * s.head_size * dtype_size(s.dtype);
 }
 
 void LayerSet::check_layer(int layer) const {
@@ -32,18 +33,12 @@ void LayerSet::check_layer(int layer) const {
 }
 
 void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const {
-  const std::size_t esize = dtype_size(cfg_.spec.dtype);
-  const std::size_t need_cache = cache_bytes_needed(cfg_);
-  const std::size_t block_bytes = cfg_.spec.block_elems() * esize;
-  const int64_t q_row = static_cast<int64_t>(cfg_.spec.num_q_heads) * cfg_.spec.head_size;
-  const int64_t kv_row = static_cast<int64_t>(cfg_.spec.num_kv_heads) * cfg_.spec.head_size;
+  const std::size_t esize = dtype_size(cfg_.spec.dtype);  // every layer's (validate_layer_specs)
   // Rows of a strided buffer: the last one starts (max_batch - 1) strides in.
   auto rows_bytes = [&](int64_t stride, int64_t row) {
     const int64_t s = stride != 0 ? stride : row;
     return static_cast<std::size_t>((cfg_.max_batch - 1) * s + row) * esize;
   };
-  const std::string cache_text = "at least num_blocks x block bytes = " + std::to_string(cfg_.num_blocks) + " x " +
-                                 std::to_string(block_bytes) + " = " + std::to_string(need_cache) + " bytes";
   auto rows_text = [&](std::size_t bytes) {
     return "at least max_batch = " + std::to_string(cfg_.max_batch) + " rows at its stride = " +
            std::to_string(bytes) + " bytes";
@@ -51,6 +46,13 @@ void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const LayerBuffers& lb = given[l];
     const std::string p = "layers[" + std::to_string(l) + "].";
+    const AttentionSpec& spec = layer_spec(cfg_, l);  // each layer's buffers follow its own spec
+    const std::size_t need_cache = cache_bytes_needed(cfg_, l);
+    const int64_t q_row = static_cast<int64_t>(spec.num_q_heads) * spec.head_size;
+    const int64_t kv_row = static_cast<int64_t>(spec.num_kv_heads) * spec.head_size;
+    const std::string cache_text = "at least num_blocks x block bytes = " + std::to_string(cfg_.num_blocks) + " x " +
+                                   std::to_string(spec.block_elems() * esize) + " = " + std::to_string(need_cache) +
+                                   " bytes";
     auto check = [&](const void* ptr, const char* name, std::size_t need, const std::string& need_text) {
       if (ptr == nullptr) return;
       const AddressRange r = backend_.address_range(ptr);
@@ -87,7 +89,7 @@ void LayerSet::warn_missing_cache_sizes(const std::vector<LayerBuffers>& given, 
            "cannot ask for an allocation's size, so a cache smaller than num_blocks = {} blocks ({} bytes) would "
            "be read and written out of bounds, unchecked. Give every layer's k_cache_bytes and v_cache_bytes "
            "(docs/integration.md, \"Cache sizes\"). Warned once per executor.",
-           first, missing, cfg_.num_layers, cfg_.num_blocks, cache_bytes_needed(cfg_));
+           first, missing, cfg_.num_layers, cfg_.num_blocks, cache_bytes_needed(cfg_, first));
 }
 
 void LayerSet::check_rebind(const std::vector<LayerBuffers>& given, std::size_t graph_bytes) const {
@@ -107,10 +109,10 @@ std::size_t LayerSet::owned_bytes_missing(const std::vector<LayerBuffers>& given
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const LayerBuffers& lb = given[l];
     const OwnedLayer& o = owned_[l];
-    if (!lb.q && !o.q) n += q_bytes();
-    if (!lb.out && !o.out) n += q_bytes();
-    if (!lb.new_key && !o.new_key) n += kv_token_bytes();
-    if (!lb.new_value && !o.new_value) n += kv_token_bytes();
+    if (!lb.q && !o.q) n += q_bytes(l);
+    if (!lb.out && !o.out) n += q_bytes(l);
+    if (!lb.new_key && !o.new_key) n += kv_token_bytes(l);
+    if (!lb.new_value && !o.new_value) n += kv_token_bytes(l);
   }
   return n;
 }
@@ -127,10 +129,10 @@ std::vector<LayerBuffers> LayerSet::resolve(const std::vector<LayerBuffers>& giv
   };
   for (int l = 0; l < cfg_.num_layers; ++l) {
     OwnedLayer& o = owned_[l];
-    own(out[l].q, o.q, q_bytes());
-    own(out[l].out, o.out, q_bytes());
-    own(out[l].new_key, o.new_key, kv_token_bytes());
-    own(out[l].new_value, o.new_value, kv_token_bytes());
+    own(out[l].q, o.q, q_bytes(l));
+    own(out[l].out, o.out, q_bytes(l));
+    own(out[l].new_key, o.new_key, kv_token_bytes(l));
+    own(out[l].new_value, o.new_value, kv_token_bytes(l));
   }
   return out;
 }

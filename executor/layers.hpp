@@ -48,8 +48,8 @@ class LayerSet {
   void check_layer(int layer) const;
 
  private:
-  std::size_t q_bytes() const;
-  std::size_t kv_token_bytes() const;
+  std::size_t q_bytes(int layer) const;         // an owned q (or out) of the layer's spec
+  std::size_t kv_token_bytes(int layer) const;  // an owned new K (or V)
 
   const ExecutorConfig& cfg_;
   Backend& backend_;

@@ -3,10 +3,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "executor/layer_groups.hpp"
 #include "executor/nvtx.hpp"
 #include "executor/plan.hpp"
 #include "executor/scoped.hpp"
@@ -15,7 +18,12 @@ namespace decodegraph::detail {
 
 std::size_t Measurer::device_bytes(const ExecutorConfig& c) {
   if (c.policy != KernelPolicy::kMeasured) return 0;
-  return static_cast<std::size_t>(c.max_batch) * c.spec.num_q_heads * c.spec.head_size * dtype_size(c.spec.dtype);
+  std::size_t row = 0;  // the widest layer's output row
+  for (int l = 0; l < c.num_layers; ++l) {
+    const AttentionSpec& s = layer_spec(c, l);
+    row = std::max(row, static_cast<std::size_t>(s.num_q_heads) * s.head_size * dtype_size(s.dtype));
+  }
+  return static_cast<std::size_t>(c.max_batch) * row;
 }
 
 Measurer::Measurer(const ExecutorConfig& config, Backend& backend, Allocations& memory, Recorder& recorder,
@@ -31,41 +39,60 @@ Measurer::Measurer(const ExecutorConfig& config, Backend& backend, Allocations& 
   if (const std::size_t bytes = device_bytes(config)) out_ = memory.device(bytes);
 }
 
-// Captures a graph of every layer's attention for each candidate (no KV append, no step body:
-// nothing but executor memory is written, the output going to out_), replays it on the staged
-// inputs (one warm-up, then measure_replays timed replays), keeps the fastest and joins the bucket
-// to its launch. Runs outside any capture, before the bucket's real graph is captured; bounded by
-// 4 candidates x (1 + measure_replays) replays. On any exception the bucket stays unmeasured (the
-// candidate graphs are discarded) and the next step measures it again.
-void Measurer::measure(std::size_t idx) {
+// Each layer group is measured on its own: for each of its candidates, a graph of that group's
+// layers' attention (no KV append, no step body: nothing but executor memory is written, the output
+// going to out_), replayed on the staged inputs (one warm-up, then measure_replays timed replays).
+// Layers run one after another, so the step's fastest launches are each group's fastest, found with
+// as many candidates per group as one group has, not their product. The results are applied only
+// once every group is measured, and the cell joins its launch. Runs outside any capture, before the
+// cell's real graph is captured; bounded by groups x 4 candidates x (1 + measure_replays) replays.
+// On any exception the cell stays unmeasured (the candidate graphs are discarded, no plan changed)
+// and the next step measures it again.
+void Measurer::measure(std::size_t cell) {
   NvtxRange range("decodegraph::measure");
   const auto t0 = std::chrono::steady_clock::now();
-  BucketPlan& plan = plans_.plan(idx);
-  std::vector<PlanCandidate> cands = plan.candidates;
-  std::size_t best = 0;
-  for (std::size_t k = 0; k < cands.size(); ++k) {
-    BucketPlan trial = plan;
-    set_launch(trial, cfg_, cands[k].kernel, cands[k].partition_size);
-    backend_.begin_capture();
-    AbortCapture abort{&backend_};
-    for (int l = 0; l < cfg_.num_layers; ++l) recorder_.attention(trial, l, layers_[l].q, out_, layers_[l].q_stride, 0);
-    abort.armed = false;
-    std::unique_ptr<BackendGraph> g = backend_.end_capture_and_instantiate();
-    ++candidate_graphs_;
-    const double us = backend_.time_replays(*g, cfg_.measure_replays);
-    cands[k].us = cfg_.measure_clock ? cfg_.measure_clock(plan, cands[k]) : us;
-    if (cands[k].us < cands[best].us) best = k;  // ties keep the earlier: V1, then kAuto's P
+  struct Result {
+    std::vector<PlanCandidate> cands;
+    std::size_t best = 0;
+  };
+  std::vector<Result> results;
+  for (int g = 0; g < plans_.num_groups(); ++g) {
+    const BucketPlan& plan = plans_.group_plan(g, cell);
+    const ExecutorConfig& gc = plans_.group_config(g);
+    Result r{plan.candidates, 0};
+    for (std::size_t k = 0; k < r.cands.size(); ++k) {
+      BucketPlan trial = plan;
+      set_launch(trial, gc, r.cands[k].kernel, r.cands[k].partition_size);
+      backend_.begin_capture();
+      AbortCapture abort{&backend_};
+      for (int l : plans_.groups()[g].layers) recorder_.attention(trial, l, layers_[l].q, out_, layers_[l].q_stride, 0);
+      abort.armed = false;
+      std::unique_ptr<BackendGraph> graph = backend_.end_capture_and_instantiate();
+      ++candidate_graphs_;
+      const double us = backend_.time_replays(*graph, cfg_.measure_replays);
+      r.cands[k].us = cfg_.measure_clock ? cfg_.measure_clock(plan, r.cands[k]) : us;
+      if (r.cands[k].us < r.cands[r.best].us) r.best = k;  // ties keep the earlier: V1, then kAuto's P
+    }
+    results.push_back(std::move(r));
   }
-  set_launch(plan, cfg_, cands[best].kernel, cands[best].partition_size);
-  plan.candidates = std::move(cands);
-  plan.reason = PlanReason::kMeasuredFastest;
-  plans_.join(idx);
+  std::string why;
+  for (int g = 0; g < plans_.num_groups(); ++g) {
+    BucketPlan& plan = plans_.group_plan(g, cell);
+    Result& r = results[static_cast<std::size_t>(g)];
+    set_launch(plan, plans_.group_config(g), r.cands[r.best].kernel, r.cands[r.best].partition_size);
+    plan.candidates = std::move(r.cands);
+    plan.reason = PlanReason::kMeasuredFastest;
+    why += (plans_.num_groups() > 1 ? (g ? "; group " : "group ") + std::to_string(g) + ": " : "") +
+           describe_reason(plan);
+  }
+  plans_.join(cell);
+  const BucketPlan& plan = plans_.plan(cell);
   const double ms = ms_since(t0);
   plans_.launch(plan.graph_id).measure_ms += ms;
   measure_ms_ += ms;
   ++measured_buckets_;
   log_->info("measured bucket batch {} band {} ({},{}] in {:.3f} ms: {}", plan.batch, plan.band, plan.band_lo,
-             plan.band_hi, ms, describe_reason(plan));
+             plan.band_hi, ms, why);
 }
 
 void Measurer::measure_synthetic(std::size_t idx) {

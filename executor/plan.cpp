@@ -17,6 +17,8 @@
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
 #include "executor/cost_model.hpp"
+#include "executor/layer_groups.hpp"
+#include "executor/plan_book.hpp"
 #include "kernels/decode_policy.hpp"
 #include "kernels/merge_policy.hpp"
 #include "kernels/occupancy.hpp"
@@ -139,11 +141,6 @@ int balanced_partition_size(int design_len, int min_parts, int block_size) {
 
 namespace {
 
-/// The length a band's partitions are sized for: its lower edge. The first band's lower edge is 0,
-/// which asks for no partitions at all; half its upper edge is where its lengths double, the same
-/// ratio every other default band spans, so its longer half (which sets the step's time) is split.
-int design_length(int band_lo, int band_hi) { return band_lo > 0 ? band_lo : std::max(1, band_hi / 2); }
-
 /// Pass-1 blocks per partition index: one per (sequence, KV head, head chunk), as the launcher maps
 /// grid y (kernels::pass1_head_chunks).
 long long blocks_per_partition(const AttentionSpec& spec, int batch) {
@@ -201,6 +198,7 @@ namespace detail {
 
 ExecutorConfig resolve_planning(ExecutorConfig c) {
   validate_spec(c.spec);
+  validate_layer_specs(c);
   require(c.max_batch >= 1, "max_batch", c.max_batch, ">= 1");
   require(c.max_seq_len >= 1, "max_seq_len", c.max_seq_len, ">= 1");
   require(c.v2_threshold >= 1, "v2_threshold", c.v2_threshold, ">= 1");
@@ -227,8 +225,9 @@ ExecutorConfig resolve_planning(ExecutorConfig c) {
   return c;
 }
 
-std::size_t cache_bytes_needed(const ExecutorConfig& c) {
-  return static_cast<std::size_t>(c.num_blocks) * c.spec.block_elems() * dtype_size(c.spec.dtype);
+std::size_t cache_bytes_needed(const ExecutorConfig& c, int layer) {
+  const AttentionSpec& s = layer_spec(c, layer);
+  return static_cast<std::size_t>(c.num_blocks) * s.block_elems() * dtype_size(s.dtype);
 }
 
 void check_layer_buffers(const std::vector<LayerBuffers>& layers, const ExecutorConfig& c) {
@@ -240,17 +239,17 @@ void check_layer_buffers(const std::vector<LayerBuffers>& layers, const Executor
     require(layers[l].v_cache != nullptr, p + ".v_cache", "null", "a KV cache pointer");
   }
   if (c.num_blocks < 1) return;  // reported by the caller's own check, with its message
-  const std::size_t esize = dtype_size(c.spec.dtype);
+  const std::size_t esize = dtype_size(c.spec.dtype);  // every layer's (validate_layer_specs)
   const int64_t per_chunk = static_cast<int64_t>(16 / esize);
-  const int64_t q_row = static_cast<int64_t>(c.spec.num_q_heads) * c.spec.head_size;
-  const int64_t kv_row = static_cast<int64_t>(c.spec.num_kv_heads) * c.spec.head_size;
-  const std::size_t need = cache_bytes_needed(c);
-  const std::string need_text = "at least num_blocks x block bytes = " + std::to_string(c.num_blocks) + " x " +
-                                std::to_string(c.spec.block_elems() * esize) + " = " + std::to_string(need) +
-                                " bytes";
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerBuffers& lb = layers[l];
     const std::string p = "layers[" + std::to_string(l) + "]";
+    const AttentionSpec& s = layer_spec(c, l);  // each layer's buffers follow its own spec
+    const int64_t q_row = static_cast<int64_t>(s.num_q_heads) * s.head_size;
+    const int64_t kv_row = static_cast<int64_t>(s.num_kv_heads) * s.head_size;
+    const std::size_t need = cache_bytes_needed(c, l);
+    const std::string need_text = "at least num_blocks x block bytes = " + std::to_string(c.num_blocks) + " x " +
+                                  std::to_string(s.block_elems() * esize) + " = " + std::to_string(need) + " bytes";
     // The kernels move rows in 16-byte chunks; executor-owned buffers are contiguous.
     auto stride = [&](int64_t s, const void* ptr, const char* name, int64_t row) {
       if (s == 0) return;
@@ -288,27 +287,22 @@ ExecutorConfig resolve_config(ExecutorConfig c, const std::function<DeviceModel(
   require(c.max_batch >= 1, "max_batch", c.max_batch, ">= 1");
   require(c.max_seq_len >= 1, "max_seq_len", c.max_seq_len, ">= 1");
   require(c.num_blocks >= 1, "num_blocks", c.num_blocks, ">= 1");
+  validate_layer_specs(c);  // before the caches are sized by each layer's spec: a bad spec is the cause
   check_layer_buffers(c.layers, c);
   const int need_blocks = (c.max_seq_len + c.spec.block_size - 1) / c.spec.block_size;
   if (c.max_blocks_per_seq == 0) c.max_blocks_per_seq = need_blocks;
   require(c.max_blocks_per_seq >= need_blocks, "max_blocks_per_seq", c.max_blocks_per_seq,
           "0 (auto) or >= ceil(max_seq_len / block_size) = " + std::to_string(need_blocks));
   c = resolve_planning(std::move(c));
+  // Layer group 0's (layer 0's spec); LayerGroups resolves the other groups' models.
+  c.device_model = fill_device_model(c.device_model, layer_spec(c, 0), device, "");
 
-  if (c.device_model.num_sms == 0 || c.device_model.blocks_per_sm == 0) {
-    const DeviceModel d = device(c.spec);
-    if (c.device_model.num_sms == 0) c.device_model.num_sms = d.num_sms;
-    if (c.device_model.blocks_per_sm == 0) c.device_model.blocks_per_sm = d.blocks_per_sm;
-    // What the device reported must make sense too (a pass-1 block that does not fit reports 0).
-    require(c.device_model.num_sms >= 1, "device_model.num_sms", c.device_model.num_sms,
-            ">= 1 (as queried from the device)");
-    require(c.device_model.blocks_per_sm >= 1, "device_model.blocks_per_sm", c.device_model.blocks_per_sm,
-            ">= 1 (as queried from the device: the pass-1 kernel does not fit on an SM)");
+  for (int l = 0; l < c.num_layers && !c.alibi_slopes.empty(); ++l) {
+    const int heads = layer_spec(c, l).num_q_heads;
+    const std::string whose = c.layer_specs.empty() ? "" : " of every layer (layer_specs[" + std::to_string(l) + "])";
+    require(static_cast<int>(c.alibi_slopes.size()) == heads, "alibi_slopes.size()", c.alibi_slopes.size(),
+            "0 (no ALiBi) or num_q_heads" + whose + " = " + std::to_string(heads));
   }
-
-  require(c.alibi_slopes.empty() || static_cast<int>(c.alibi_slopes.size()) == c.spec.num_q_heads,
-          "alibi_slopes.size()", c.alibi_slopes.size(),
-          "0 (no ALiBi) or num_q_heads = " + std::to_string(c.spec.num_q_heads));
   require(c.capture == CapturePolicy::kLazy || c.capture == CapturePolicy::kUpFront, "capture",
           static_cast<int>(c.capture), "kUpFront or kLazy");
   require(c.validation == ValidationLevel::kCheap || c.validation == ValidationLevel::kFull,
@@ -318,16 +312,33 @@ ExecutorConfig resolve_config(ExecutorConfig c, const std::function<DeviceModel(
 
 // ---------------------------------------------------------------- plans
 
+// The band's own lengths: every layer today reads the whole sequence. A windowed layer (window W)
+// reads min(L, W): its lengths become min(each, W), and the threshold's "above it always V2" then
+// applies to that length, so a 128-token window runs V1 in every band. That is the one change here.
+PlannedLengths planned_lengths(const AttentionSpec& spec, int band_lo, int band_hi) {
+  (void)spec;
+  PlannedLengths r;
+  // The lower edge is band_lo + 1 tokens. The first band's is 1 token, where every launch is its
+  // kernels' floors (and which asks for no partitions at all); it starts at half its upper edge
+  // instead, where its lengths double as every other default band's do, so that its longer half
+  // (which sets the step's time) is what is scored and split.
+  r.lo = band_lo > 0 ? band_lo + 1 : std::max(1, band_hi / 2);
+  r.mid = r.lo + (band_hi - r.lo + 1) / 2;
+  r.hi = band_hi;
+  r.design = band_lo > 0 ? band_lo : std::max(1, band_hi / 2);
+  return r;
+}
+
 namespace {
 
-/// The lengths a band is scored at: its lower edge (band_lo + 1 tokens), middle and upper edge.
-/// The first band's lower edge is 1 token, where every launch is its kernels' floors; like the
-/// design length, it starts at half its upper edge instead, where its lengths double as every other
-/// default band's do (shorter rows cost little whichever plan runs them).
-std::array<int, 3> band_lengths(const BucketPlan& p) {
-  const int lo = p.band_lo > 0 ? p.band_lo + 1 : std::max(1, p.band_hi / 2);
-  return {lo, lo + (p.band_hi - lo + 1) / 2, p.band_hi};
+/// The lengths a plan is scored at (kAuto) and predicted for: its group's planned lengths.
+std::array<int, 3> band_lengths(const ExecutorConfig& c, const BucketPlan& p) {
+  const PlannedLengths l = planned_lengths(c.spec, p.band_lo, p.band_hi);
+  return {l.lo, l.mid, l.hi};
 }
+
+/// The longest length a plan of this bucket is chosen for: where the threshold applies.
+int planned_hi(const ExecutorConfig& c, const BucketPlan& p) { return planned_lengths(c.spec, p.band_lo, p.band_hi).hi; }
 
 PlanPrediction prediction(const ExecutorConfig& c, const BucketPlan& p, int len) {
   const CostBreakdown b = predict_call(c, p, len);
@@ -345,8 +356,9 @@ void set_launch(BucketPlan& p, const ExecutorConfig& c, KernelKind kernel, int p
     // NOTE(graph): V1 launches are sized for the largest V1 band edge, not their own band_hi, so a
     // batch bucket's V1 launches are identical across bands and share a graph. The grid does not
     // depend on it; lengths are read from device memory and clamped to it, and max_blocks_per_seq
-    // covers it (it is <= max_seq_len).
-    p.launch_len = std::min(c.v2_threshold, c.max_seq_len);
+    // covers it (it is <= max_seq_len). A plan whose planned length is shorter than its band (a
+    // window) may run V1 above the threshold: its launch still covers the band.
+    p.launch_len = std::max(std::min(c.v2_threshold, c.max_seq_len), p.band_hi);
     p.partition_size = 0;
     p.max_partitions = 1;
     p.merge_grid_x = p.merge_grid_y = p.merge_grid_z = 0;
@@ -366,7 +378,7 @@ void set_launch(BucketPlan& p, const ExecutorConfig& c, KernelKind kernel, int p
   p.target_blocks = c.device_model.target_blocks();
   p.live_blocks_at_band_lo = static_cast<int>(live_parts * per_part);
   p.waves = static_cast<double>(p.blocks) / std::max(1, p.target_blocks);
-  const std::array<int, 3> lens = band_lengths(p);
+  const std::array<int, 3> lens = band_lengths(c, p);
   p.predicted_lo = prediction(c, p, lens[0]);
   p.predicted_mid = prediction(c, p, lens[1]);
   p.predicted_hi = prediction(c, p, lens[2]);
@@ -387,7 +399,9 @@ constexpr long long kMaxAutoWaves = 16;
 std::vector<int> auto_v2_sizes(const BucketPlan& p, const ExecutorConfig& c) {
   const int bs = c.spec.block_size;
   const long long min_p = auto_min_partition(bs);
-  const long long longest = round_up(p.band_hi, bs);  // one partition at the upper edge
+  const std::array<int, 3> lens = band_lengths(c, p);
+  const long long hi = lens[2];
+  const long long longest = round_up(hi, bs);  // one partition at the upper edge
   const long long per = blocks_per_partition(c.spec, p.batch);
   const long long slots = c.device_model.target_blocks();
   const long long roof_blocks = static_cast<long long>(std::ceil(kCostConstants.read_gbs / kCostConstants.block_gbs));
@@ -395,14 +409,14 @@ std::vector<int> auto_v2_sizes(const BucketPlan& p, const ExecutorConfig& c) {
   std::set<long long> sizes;
   auto add = [&](long long q) {
     q = std::min(longest, std::max(min_p, round_up(q, bs)));
-    if (q == longest || per * ceil_div(p.band_hi, q) <= max_blocks) sizes.insert(q);
+    if (q == longest || per * ceil_div(hi, q) <= max_blocks) sizes.insert(q);
   };
   for (long long q = min_p; q < longest; q *= 2) add(q);
   add(longest);
   for (long long waves = 1; waves <= 4; ++waves)
-    if (waves * slots >= per) add(ceil_div(p.band_hi, waves * slots / per));
+    if (waves * slots >= per) add(ceil_div(hi, waves * slots / per));
   for (long long m = 1; m <= 2; ++m)
-    add(balanced_partition(band_lengths(p)[0], ceil_div(m * roof_blocks, per), bs, min_p));
+    add(balanced_partition(lens[0], ceil_div(m * roof_blocks, per), bs, min_p));
   add(fill_v2_partition(p, c));
   return std::vector<int>(sizes.begin(), sizes.end());
 }
@@ -416,7 +430,7 @@ std::vector<ScoredPlan> auto_candidates(const BucketPlan& p, const ExecutorConfi
     set_launch(s.plan, c, kernel, size);
     out.push_back(std::move(s));
   };
-  if (p.band_hi <= c.v2_threshold) add(KernelKind::kV1, 0);
+  if (planned_hi(c, p) <= c.v2_threshold) add(KernelKind::kV1, 0);
   if (c.partition_size != 0)
     add(KernelKind::kV2, c.partition_size);
   else
@@ -450,14 +464,14 @@ const ScoredPlan& least_regret(const std::vector<ScoredPlan>& scored, bool v2_on
 
 std::vector<PlanCandidate> measure_candidates(const BucketPlan& p, const ExecutorConfig& c) {
   std::vector<PlanCandidate> out;
-  if (p.band_hi <= c.v2_threshold) out.push_back({KernelKind::kV1, 0, -1, -1});
+  if (planned_hi(c, p) <= c.v2_threshold) out.push_back({KernelKind::kV1, 0, -1, -1});
   const int bs = c.spec.block_size;
   // kAuto's best V2, whichever kernel kAuto chose.
   const int auto_p = least_regret(auto_candidates(p, c), /*v2_only=*/true).plan.partition_size;
   std::vector<int> sizes = {auto_p};
   if (c.partition_size == 0) {
     const long long min_p = auto_min_partition(bs);
-    const long long longest = round_up(p.band_hi, bs);
+    const long long longest = round_up(planned_hi(c, p), bs);
     for (long long q : {static_cast<long long>(auto_p) / 2 / bs * bs, 2LL * auto_p})
       if (q >= min_p && q < longest && q != auto_p) sizes.push_back(static_cast<int>(q));
   }
@@ -485,9 +499,9 @@ std::vector<BucketPlan> make_plans(const ExecutorConfig& c) {
       p.band = band;
       p.band_lo = band == 0 ? 0 : c.band_edges[band - 1];
       p.band_hi = c.band_edges[band];
-      p.design_len = design_length(p.band_lo, p.band_hi);
+      p.design_len = planned_lengths(c.spec, p.band_lo, p.band_hi).design;
       if (c.policy == KernelPolicy::kThreshold) {
-        const bool v1 = p.band_hi <= c.v2_threshold;
+        const bool v1 = planned_hi(c, p) <= c.v2_threshold;
         set_launch(p, c, v1 ? KernelKind::kV1 : KernelKind::kV2, v1 ? 0 : fill_v2_partition(p, c));
         p.reason = v1 ? PlanReason::kThresholdRule : PlanReason::kAboveThreshold;
       } else {
@@ -523,10 +537,8 @@ DeviceModel host_device_model(const AttentionSpec& spec) {
 
 std::vector<BucketPlan> plan_buckets(const ExecutorConfig& config) {
   ExecutorConfig c = detail::resolve_planning(config);
-  const DeviceModel host = host_device_model(c.spec);
-  if (c.device_model.num_sms == 0) c.device_model.num_sms = host.num_sms;
-  if (c.device_model.blocks_per_sm == 0) c.device_model.blocks_per_sm = host.blocks_per_sm;
-  return detail::make_plans(c);
+  c.device_model = detail::fill_device_model(c.device_model, detail::layer_spec(c, 0), host_device_model, "");
+  return detail::PlanBook(c, detail::LayerGroups(c, config.device_model, host_device_model)).plans();
 }
 
 int auto_partition_size(const AttentionSpec& spec, int batch, int band_hi, int num_sms) {
@@ -582,7 +594,10 @@ std::string describe_reason(const BucketPlan& p) {
 
 std::string format_plan_table(const std::vector<BucketPlan>& plans) {
   std::ostringstream os;
+  // A group column only where the plans are of several layer groups: one spec's table is unchanged.
+  const bool groups = std::any_of(plans.begin(), plans.end(), [](const BucketPlan& p) { return p.group != 0; });
   char line[640];
+  if (groups) os << "group ";
   std::snprintf(line, sizeof line, "%6s %5s %15s %6s %6s %6s %16s %10s %10s %7s %7s %8s %6s %8s %14s %6s  %s\n",
                 "batch", "band", "lengths", "kernel", "P", "parts", "grid (x,y,z)", "merge", "workspace", "blocks",
                 "target", "live@lo", "waves", "pred us", "roof% lo/mid/hi", "graph", "why");
@@ -605,6 +620,11 @@ std::string format_plan_table(const std::vector<BucketPlan>& plans) {
       std::snprintf(graph, sizeof graph, "%d", p.graph_id);
     else
       std::snprintf(graph, sizeof graph, "-");
+    if (groups) {
+      char g[16];
+      std::snprintf(g, sizeof g, "%5d ", p.group);
+      os << g;
+    }
     std::snprintf(line, sizeof line, "%6d %5d %15s %6s %6s %6d %16s %10s %10zu %7d %7d %8d %6.2f %8.1f %14s %6s  %s\n",
                   p.batch, p.band, lengths, to_string(p.kernel), part, p.max_partitions, grid, merge, p.workspace_bytes,
                   p.blocks, p.target_blocks, p.live_blocks_at_band_lo, p.waves, p.predicted_hi.us, roof, graph,

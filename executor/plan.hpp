@@ -11,26 +11,41 @@
 
 namespace decodegraph::detail {
 
-/// The fields planning reads, checked, with defaults filled in (band edges, batch buckets). The
-/// device model is checked but left as given. Throws Error naming the parameter, the value and what
+/// The fields planning reads, checked, with defaults filled in (band edges, batch buckets), and the
+/// layer specs (validate_layer_specs). The device model is checked but left as given. Throws Error naming the parameter, the value and what
 /// is allowed.
 ExecutorConfig resolve_planning(ExecutorConfig config);
 
 /// Everything resolve_planning does, plus the fields only an Executor needs (layers, caches, blocks,
 /// capture, validation, ...) and max_blocks_per_seq; device-model fields left at 0 are taken from
-/// `device(spec)`, which is called at most once and only when one is 0.
+/// `device(spec)` for layer 0's spec (layer group 0), which is called at most once and only when one
+/// is 0 (LayerGroups resolves the other groups' models).
 ExecutorConfig resolve_config(ExecutorConfig config,
                               const std::function<DeviceModel(const AttentionSpec&)>& device);
 
-/// Bytes one layer's K (or V) cache needs: num_blocks blocks of the spec.
-std::size_t cache_bytes_needed(const ExecutorConfig& resolved);
+/// Bytes layer `layer`'s K (or V) cache needs: num_blocks blocks of its spec.
+std::size_t cache_bytes_needed(const ExecutorConfig& resolved, int layer);
 
 /// The host-side checks of per-layer buffers (ExecutorConfig::layers, Executor::rebind_layers):
 /// count, caches present, row strides (0, or >= a row and a multiple of 16 bytes, only for caller
 /// buffers) and cache sizes where given. Throws InvalidArgument naming layers[l].<field>.
 void check_layer_buffers(const std::vector<LayerBuffers>& layers, const ExecutorConfig& resolved);
 
-/// Plans for every (batch bucket, band), bucket-major: index = bucket * bands + band. Graph ids are
+/// The lengths a layer group's plan of band (band_lo, band_hi] is made for: the three it is scored and
+/// predicted at (lo = band_lo + 1, or for the first band half its upper edge; mid; hi), and the
+/// design length its partitions are sized for (docs/planning.md). The threshold's "above it always
+/// V2" applies to hi. Today these are the band's own for every spec; this is the one place that maps
+/// a group's spec to shorter lengths (a sliding window W reads min(L, W)). The launch itself (grid,
+/// workspace, launch_len) still covers the whole band.
+struct PlannedLengths {
+  int lo = 0, mid = 0, hi = 0;
+  int design = 0;
+};
+PlannedLengths planned_lengths(const AttentionSpec& group_spec, int band_lo, int band_hi);
+
+/// Plans for every (batch bucket, band) of one spec, `resolved.spec` with `resolved.device_model`
+/// (layer_specs is not read: the plan book plans each layer group with its own planning config,
+/// LayerGroups::planning_config), bucket-major: index = bucket * bands + band. Graph ids are
 /// assigned (identical launches share one, numbered in bucket-major order of first use), except
 /// under kMeasured, where they stay -1 until the bucket is measured.
 std::vector<BucketPlan> make_plans(const ExecutorConfig& resolved);

@@ -1,33 +1,49 @@
-// The plan book (internal): every bucket's plan, and the distinct launches buckets share. Under
-// BandSelect::kHost each launch is one graph; under kDevice it is one branch identity of the SWITCH
-// nodes (bands with the same launch record it once). kMeasured decides a bucket's launch when it is
-// measured (join), so launches grow; everything else is decided at construction. Host-only.
+// The plan book (internal): every plan, per (layer group, batch bucket, band), and the distinct
+// launches buckets share. A *cell* is one (batch bucket, band), index bucket * bands + band; each
+// layer group has its own plan of every cell, and a step's launches are every group's plans of its
+// cell. Under BandSelect::kHost each distinct step launch (every group's launch identical) is one
+// graph; under kDevice a cell is one branch of the SWITCH nodes, and the bands whose launches are
+// identical for the layer's group record it once per node. kMeasured decides a cell (every group's
+// plan) when it is measured (join), so launches grow; everything else is decided at construction.
+// Host-only.
 #pragma once
 
 #include <cstddef>
 #include <map>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "decodegraph/executor.hpp"
+#include "executor/layer_groups.hpp"
 #include "executor/plan.hpp"
 
 namespace decodegraph::detail {
 
 class PlanBook {
  public:
-  /// One distinct launch sequence.
+  /// One distinct step launch: every layer group's launch of the cells that share it.
   struct Launch {
-    BucketPlan plan;  // the launch plan; band fields span its buckets (StepContext::plan)
-    std::vector<std::size_t> buckets;  // plan indices, in the order they joined
-    double measure_ms = 0;             // kMeasured: timing the candidates of the buckets that chose it
+    std::vector<BucketPlan> plans;  // [group]: its launch plan; band fields span the cells
+    std::vector<std::size_t> buckets;  // cells, in the order they joined
+    double measure_ms = 0;             // kMeasured: timing the candidates of the cells that chose it
+    /// Group 0's: what StepContext::plan() says and GraphStats describes.
+    const BucketPlan& plan() const { return plans.front(); }
   };
 
-  /// make_plans(resolved), and every decided plan joined to its launch.
-  explicit PlanBook(const ExecutorConfig& resolved);
+  /// Every group's make_plans (with its planning config), and every decided cell joined to its launch.
+  PlanBook(const ExecutorConfig& resolved, LayerGroups groups);
+
+  const LayerGroups& groups() const { return groups_; }
+  int num_groups() const { return groups_.size(); }
+  /// What group g is planned with (LayerGroups::planning_config): set_launch and kMeasured's
+  /// candidates take it.
+  const ExecutorConfig& group_config(int group) const { return group_configs_[static_cast<std::size_t>(group)]; }
 
   int num_buckets() const { return num_buckets_; }
   int num_bands() const { return num_bands_; }
-  /// Index of (bucket, band) in plans(): bucket-major.
+  std::size_t num_cells() const { return static_cast<std::size_t>(num_buckets_) * num_bands_; }
+  /// Cell of (bucket, band): bucket-major. With one group, also the index into plans().
   std::size_t index(int bucket, int band) const {
     return static_cast<std::size_t>(bucket) * num_bands_ + band;
   }
@@ -36,34 +52,54 @@ class PlanBook {
   /// The band of a step whose lengths (or hint) reach `len`: the first band edge >= len.
   int band_of_length(int len) const;
 
+  /// Every plan, group-major: group * cells + cell.
   std::vector<BucketPlan>& plans() { return plans_; }
   const std::vector<BucketPlan>& plans() const { return plans_; }
-  BucketPlan& plan(std::size_t idx) { return plans_[idx]; }
-  const BucketPlan& plan(std::size_t idx) const { return plans_[idx]; }
-  const BucketPlan& plan(int bucket, int band) const { return plans_[index(bucket, band)]; }
+  std::span<const BucketPlan> group_plans(int group) const {
+    return std::span<const BucketPlan>(plans_).subspan(static_cast<std::size_t>(group) * num_cells(), num_cells());
+  }
+  /// Group `group`'s plan of cell `cell`.
+  BucketPlan& group_plan(int group, std::size_t cell) { return plans_[static_cast<std::size_t>(group) * num_cells() + cell]; }
+  const BucketPlan& group_plan(int group, std::size_t cell) const {
+    return plans_[static_cast<std::size_t>(group) * num_cells() + cell];
+  }
+  /// Group 0's plan of a cell: its band, batch and graph_id are every group's.
+  const BucketPlan& plan(std::size_t cell) const { return group_plan(0, cell); }
+  const BucketPlan& plan(int bucket, int band) const { return plan(index(bucket, band)); }
 
   const std::vector<Launch>& launches() const { return launches_; }
   Launch& launch(int id) { return launches_[static_cast<std::size_t>(id)]; }
-  /// Assigns plan `idx` to the launch of its launch key, making a new launch the first time a key
-  /// is seen, and sets its graph_id.
-  void join(std::size_t idx);
+  /// Assigns cell `cell` (every group's plan decided) to the launch of its groups' launch keys,
+  /// making a new launch the first time they are seen, and sets every group's graph_id.
+  void join(std::size_t cell);
   /// Whether every band of `bucket` has its launch (kMeasured: has been measured).
   bool bucket_decided(int bucket) const;
-  /// What StepContext::plan() says while a kDevice bucket graph is recorded: the bucket's batch,
-  /// every band (band 0 .. the last, lengths (0, max_seq_len]), the longest launch_len and largest
-  /// workspace of its branches, and the longest band's kernel and partitions; graph_id = bucket.
+  /// What StepContext::plan() says while a kDevice bucket graph is recorded: group 0's plan of the
+  /// bucket's longest band, spanning every band (band 0 .. the last, lengths (0, max_seq_len]), with
+  /// the longest launch_len and largest workspace of any group's branch; graph_id = bucket.
   BucketPlan bucket_graph_plan(int bucket) const;
-  /// V2 workspace for every plan and every candidate kMeasured may time.
-  std::size_t workspace_bytes(const AttentionSpec& spec) const;
+  /// kDevice: names group `group`'s launch in band `band` of `bucket` among the bucket's bands (the
+  /// first band whose launch is identical), so a SWITCH node records identical bands once.
+  int branch_key(int group, int bucket, int band) const;
+  /// V2 workspace for every plan and every candidate kMeasured may time, of any group.
+  std::size_t workspace_bytes() const;
 
  private:
-  std::vector<BucketPlan> plans_;  // bucket-major: bucket * num_bands + band
+  LayerGroups groups_;
+  std::vector<ExecutorConfig> group_configs_;
+  std::vector<BucketPlan> plans_;  // group-major: group * cells + cell
   std::vector<int> band_edges_;
   int num_buckets_ = 0;
   int num_bands_ = 0;
   std::vector<int> bucket_of_batch_;  // [max_batch + 1]
   std::vector<Launch> launches_;
-  std::map<LaunchKey, int> launch_of_key_;
+  std::map<std::vector<LaunchKey>, int> launch_of_key_;
 };
+
+/// Throws InvalidArgument unless 0 <= group < the book's layer groups.
+void check_group(const PlanBook& book, int group);
+/// Executor::plan_table(): format_plan_table of every plan; with several layer groups, one line per
+/// group first (describe_layer_group).
+std::string plan_table_text(const PlanBook& book);
 
 }  // namespace decodegraph::detail

@@ -1,6 +1,6 @@
-// BandSelect::kHost's graph cache (graph_cache.hpp): one graph per distinct launch plan. The step's
-// band is found on the host from its lengths (or the max_seq_len hint), and buckets whose launches
-// are identical replay the same graph.
+// BandSelect::kHost's graph cache (graph_cache.hpp): one graph per distinct step launch (every layer
+// group's launch identical). The step's band is found on the host from its lengths (or the
+// max_seq_len hint), and buckets whose launches are identical replay the same graph.
 #include <algorithm>
 #include <string>
 
@@ -31,7 +31,7 @@ class PlanGraphs final : public GraphCache {
   }
 
   void capture_all() override {
-    for (std::size_t i = 0; i < p_.plans.plans().size(); ++i) {
+    for (std::size_t i = 0; i < p_.plans.num_cells(); ++i) {
       if (p_.plans.plan(i).graph_id < 0) p_.measurer.measure_synthetic(i);
       if (!slot(p_.plans.plan(i).graph_id).graph) capture_plan(i);
     }
@@ -53,8 +53,9 @@ class PlanGraphs final : public GraphCache {
 
  protected:
   void record(GraphSlot& s) override {
-    s.plan = p_.plans.launches()[static_cast<std::size_t>(s.stats.graph_id)].plan;  // kMeasured may have widened it
-    p_.recorder.record(s.plan);
+    const PlanBook::Launch& l = p_.plans.launches()[static_cast<std::size_t>(s.stats.graph_id)];
+    s.plan = l.plan();  // kMeasured may have widened it
+    p_.recorder.record(l.plans);
   }
   std::string kernel_text(const GraphSlot& s) const override { return to_string(s.plan.kernel); }
   void describe_step(int bucket, const Lengths& lens, GraphSlot& target, StepResult& r) const override {
@@ -89,16 +90,19 @@ class PlanGraphs final : public GraphCache {
   // The graph's fields that follow from its launch: its buckets, bands and kernel.
   void describe(int id, GraphStats& gs) const {
     const PlanBook::Launch& l = p_.plans.launches()[static_cast<std::size_t>(id)];
+    const BucketPlan& p = l.plan();
     gs.graph_id = id;
-    gs.batch = l.plan.batch;
-    gs.band = l.plan.band;
-    gs.last_band = l.plan.band;
-    for (std::size_t idx : l.buckets) gs.last_band = std::max(gs.last_band, p_.plans.plan(idx).band);
-    gs.band_lo = l.plan.band_lo;
-    gs.band_hi = l.plan.band_hi;
+    gs.batch = p.batch;
+    gs.band = p.band;
+    gs.last_band = p.band;
+    for (std::size_t cell : l.buckets) gs.last_band = std::max(gs.last_band, p_.plans.plan(cell).band);
+    gs.band_lo = p.band_lo;
+    gs.band_hi = p.band_hi;
     gs.buckets = static_cast<int>(l.buckets.size());
-    gs.kernel = l.plan.kernel;
-    gs.partition_size = l.plan.partition_size;
+    gs.kernel = p.kernel;
+    gs.partition_size = p.partition_size;
+    gs.group_kernels.clear();
+    for (const BucketPlan& g : l.plans) gs.group_kernels.push_back(g.kernel);
     gs.measure_ms = l.measure_ms;
   }
 

@@ -11,6 +11,7 @@ namespace decodegraph {
 struct StepContext::Impl {
   detail::Recorder* rec;
   const BucketPlan* plan;
+  const std::vector<BucketPlan>* group_plans;  // kHost: each layer group's plan; null under kDevice
   int switch_bucket = -1;  // kDevice: attention becomes a SWITCH node over this bucket's bands
 };
 
@@ -40,7 +41,8 @@ void StepContext::attention(int layer, const void* q, void* out, int64_t q_strid
   if (impl_->switch_bucket >= 0)
     rec.attention_switch(impl_->switch_bucket, layer, q, out, q_stride, out_stride);
   else
-    rec.attention(*impl_->plan, layer, q, out, q_stride, out_stride);
+    rec.attention((*impl_->group_plans)[static_cast<std::size_t>(rec.plans_.groups().group_of(layer))], layer, q,
+                  out, q_stride, out_stride);
 }
 
 void StepContext::enqueue_host(std::function<void()> fn) {
@@ -56,17 +58,19 @@ Recorder::Recorder(const ExecutorConfig& config, Backend& backend, const LayerSe
                    const GraphTargets& targets, StepBody body)
     : cfg_(config), backend_(backend), layers_(layers), plans_(plans), targets_(targets), body_(std::move(body)) {}
 
-void Recorder::record(const BucketPlan& plan) { record_body(plan, -1); }
+void Recorder::record(const std::vector<BucketPlan>& group_plans) {
+  record_body(group_plans.front(), &group_plans, -1);
+}
 
 void Recorder::record_switch(int bucket, const BucketPlan& graph_plan, const kernels::BandSelectParams& select) {
   backend_.band_select(select);
   switch_nodes_ = 0;
-  record_body(graph_plan, bucket);
+  record_body(graph_plan, nullptr, bucket);
 }
 
 // NOTE(graph): the flag copy comes last, in stream order after every launch that may set the flag.
-void Recorder::record_body(const BucketPlan& plan, int switch_bucket) {
-  StepContext::Impl ctx_impl{this, &plan, switch_bucket};
+void Recorder::record_body(const BucketPlan& plan, const std::vector<BucketPlan>* group_plans, int switch_bucket) {
+  StepContext::Impl ctx_impl{this, &plan, group_plans, switch_bucket};
   StepContext ctx(&ctx_impl);
   if (body_) {
     body_(ctx);
@@ -82,7 +86,7 @@ void Recorder::record_body(const BucketPlan& plan, int switch_bucket) {
 void Recorder::append(const BucketPlan& plan, int layer) {
   const LayerBuffers& lb = layers_[layer];
   AppendArgs a;
-  a.spec = cfg_.spec;
+  a.spec = plans_.groups().spec_of(layer);
   a.num_tokens = plan.batch;  // padded rows carry slot -1 and are skipped
   a.num_blocks = cfg_.num_blocks;
   a.key = lb.new_key;
@@ -101,8 +105,9 @@ void Recorder::append(const BucketPlan& plan, int layer) {
   backend_.append(a);
 }
 
-// kDevice: one SWITCH node whose branch `band` holds that band's plan's launches, exactly as kHost's
-// graph of (bucket, band) would; bands with the same launches (graph_id) share one recording.
+// kDevice: one SWITCH node whose branch `band` holds that band's launch of the layer's group, exactly
+// as kHost's graph of (bucket, band) would; bands with the same launch for that group share one
+// recording.
 void Recorder::attention_switch(int bucket, int layer, const void* q, void* out, int64_t q_stride,
                                 int64_t out_stride) {
   if (switch_nodes_ + 1 > kernels::kMaxSwitchHandles)
@@ -110,9 +115,10 @@ void Recorder::attention_switch(int bucket, int layer, const void* q, void* out,
                   "at most " + std::to_string(kernels::kMaxSwitchHandles) + " (one SWITCH node each)");
   ++switch_nodes_;
   backend_.begin_switch(plans_.num_bands());
+  const int group = plans_.groups().group_of(layer);
   for (int band = 0; band < plans_.num_bands(); ++band) {
-    const BucketPlan& p = plans_.plan(bucket, band);
-    if (backend_.begin_branch(band, p.graph_id)) attention(p, layer, q, out, q_stride, out_stride);
+    const BucketPlan& p = plans_.group_plan(group, plans_.index(bucket, band));
+    if (backend_.begin_branch(band, plans_.branch_key(group, bucket, band))) attention(p, layer, q, out, q_stride, out_stride);
     backend_.end_branch();
   }
   backend_.end_switch();
@@ -120,9 +126,12 @@ void Recorder::attention_switch(int bucket, int layer, const void* q, void* out,
 
 void Recorder::attention(const BucketPlan& p, int layer, const void* q, void* out, int64_t q_stride,
                          int64_t out_stride) {
+  if (p.group != plans_.groups().group_of(layer))
+    throw Error("Recorder::attention: layer " + std::to_string(layer) + " is in layer group " +
+                std::to_string(plans_.groups().group_of(layer)) + ", not the plan's " + std::to_string(p.group));
   const LayerBuffers& lb = layers_[layer];
   DecodeArgs a;
-  a.spec = cfg_.spec;
+  a.spec = plans_.groups().spec_of(layer);
   a.num_seqs = p.batch;          // NOTE(graph): the bucket's padded batch, padded rows have length 0
   a.max_seq_len = p.launch_len;  // NOTE(graph): sizes the grid; >= band_hi of every bucket replaying it
   a.block_table_stride = cfg_.max_blocks_per_seq;

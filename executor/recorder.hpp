@@ -34,19 +34,21 @@ class Recorder {
   Recorder(const ExecutorConfig& config, Backend& backend, const LayerSet& layers, const PlanBook& plans,
            const GraphTargets& targets, StepBody body);
 
-  /// Records the graph of `plan` (BandSelect::kHost): the body with every attention call launching
-  /// `plan`, then the copy of the bad-block flag.
-  void record(const BucketPlan& plan);
+  /// Records the graph of a step launch (BandSelect::kHost; `group_plans` one per layer group, a
+  /// PlanBook::Launch's): the body with every attention call launching its layer's group's plan,
+  /// then the copy of the bad-block flag. StepContext::plan() is group 0's.
+  void record(const std::vector<BucketPlan>& group_plans);
   /// Records the graph of batch bucket `bucket` (BandSelect::kDevice): the band-select node first
   /// (after staging, before any attention), then the body with every attention call a SWITCH node
   /// over the bucket's bands, then the flag copy. `graph_plan` is what StepContext::plan() says.
   void record_switch(int bucket, const BucketPlan& graph_plan, const kernels::BandSelectParams& select);
-  /// One layer's attention as `p` launches it (a graph's plan, or a kMeasured candidate).
+  /// One layer's attention as `p` launches it (the plan of the layer's group in a graph, or a
+  /// kMeasured candidate of it), with the layer's own spec.
   void attention(const BucketPlan& p, int layer, const void* q, void* out, int64_t q_stride, int64_t out_stride);
 
  private:
   friend class decodegraph::StepContext;
-  void record_body(const BucketPlan& plan, int switch_bucket);
+  void record_body(const BucketPlan& plan, const std::vector<BucketPlan>* group_plans, int switch_bucket);
   void append(const BucketPlan& plan, int layer);
   void attention_switch(int bucket, int layer, const void* q, void* out, int64_t q_stride, int64_t out_stride);
 

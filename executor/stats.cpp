@@ -5,15 +5,18 @@
 
 namespace decodegraph {
 
-long long ExecutorStats::replays(KernelKind kind) const {
+long long ExecutorStats::replays(KernelKind kind, int group) const {
+  const auto gi = static_cast<std::size_t>(group);
   long long n = 0;
   for (const GraphStats& g : graphs) {
     if (!g.switch_graph) {
-      if (g.kernel == kind) n += g.replays;
+      const KernelKind k = gi < g.group_kernels.size() ? g.group_kernels[gi] : g.kernel;
+      if (k == kind) n += g.replays;
       continue;
     }
-    for (std::size_t b = 0; b < g.band_replays.size() && b < g.band_kernels.size(); ++b)
-      if (g.band_kernels[b] == kind) n += g.band_replays[b];
+    const std::vector<KernelKind>& kernels = gi < g.group_band_kernels.size() ? g.group_band_kernels[gi] : g.band_kernels;
+    for (std::size_t b = 0; b < g.band_replays.size() && b < kernels.size(); ++b)
+      if (kernels[b] == kind) n += g.band_replays[b];
   }
   return n;
 }
@@ -30,9 +33,9 @@ ExecutorStats Executor::stats() const {
   }
   s.band_select = m.band_mode;
   s.band_select_note = m.band_note;
-  s.buckets = static_cast<int>(m.plans->plans().size());
+  s.buckets = static_cast<int>(m.plans->num_cells());  // not plans().size(): that counts each layer group's
   s.distinct_plans = static_cast<int>(m.plans->launches().size());
-  for (const BucketPlan& p : m.plans->plans()) s.undecided_buckets += p.graph_id < 0;
+  for (const BucketPlan& p : m.plans->group_plans(0)) s.undecided_buckets += p.graph_id < 0;  // the same in every group
   s.steps = m.steps;
   s.rejected_steps = m.rejected;
   s.total_captures = m.graphs->total_captures();

@@ -103,14 +103,18 @@ class SwitchGraphs final : public GraphCache {
       gs.band_hi = g.plan.band_hi;
       gs.kernel = g.plan.kernel;
       gs.partition_size = g.plan.partition_size;
-      std::set<int> distinct;
+      std::set<int> distinct;  // step launches: bands identical in every layer group share a branch
       const std::size_t first = p_.plans.index(gs.graph_id, 0);
+      gs.group_band_kernels.assign(static_cast<std::size_t>(p_.plans.num_groups()), {});
       for (int band = 0; band < bands_; ++band) {
         const BucketPlan& p = p_.plans.plan(first + band);
         distinct.insert(p.graph_id);
         gs.band_kernels.push_back(p.kernel);
+        for (int g = 0; g < p_.plans.num_groups(); ++g)
+          gs.group_band_kernels[static_cast<std::size_t>(g)].push_back(p_.plans.group_plan(g, first + band).kernel);
         if (!counts.empty()) gs.band_replays.push_back(static_cast<long long>(counts[first + band]));
       }
+      for (const std::vector<KernelKind>& k : gs.group_band_kernels) gs.group_kernels.push_back(k.back());
       gs.branches = static_cast<int>(distinct.size());
       s.graphs.push_back(std::move(gs));
     }

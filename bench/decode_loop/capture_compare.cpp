@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "backend.hpp"
 #include "bench_common.hpp"
 #include "options.hpp"
@@ -90,7 +92,11 @@ std::vector<CaptureCost> plan_only_capture_costs(const dg::ExecutorConfig& cfg, 
   ec.backend = dg::BackendKind::kHost;
   ec.num_blocks = 1;
   ec.num_layers = layers;
-  const std::size_t block_bytes = cfg.spec.block_elems() * dg::dtype_size(cfg.spec.dtype);
+  std::size_t block_bytes = 0;  // one block of the largest layer's cache
+  for (int l = 0; l < layers; ++l) {
+    const dg::AttentionSpec& s = cfg.layer_specs.empty() ? cfg.spec : cfg.layer_specs[static_cast<std::size_t>(l)];
+    block_bytes = std::max(block_bytes, s.block_elems() * dg::dtype_size(s.dtype));
+  }
   std::vector<Buffer> caches;
   caches.reserve(2 * static_cast<std::size_t>(layers));  // the executor holds their addresses: never moved
   for (int l = 0; l < 2 * layers; ++l) caches.emplace_back(false, block_bytes);

@@ -10,7 +10,8 @@ namespace dgloop {
 json num_or_null(double v, bool present) { return present && std::isfinite(v) ? json(v) : json(nullptr); }
 
 json plan_json(const dg::BucketPlan& p) {
-  json j = {{"batch", p.batch},
+  json j = {{"group", p.group},
+            {"batch", p.batch},
             {"band_lo", p.band_lo},
             {"band_hi", p.band_hi},
             {"kernel", dg::to_string(p.kernel)},

@@ -12,6 +12,17 @@ namespace dgloop {
 
 namespace {
 
+/// Each layer group's layers (dg::layer_groups_of), for the output.
+std::vector<std::vector<int>> group_layers(const dg::ExecutorConfig& cfg) {
+  std::vector<std::vector<int>> out;
+  const std::vector<int> group_of = dg::layer_groups_of(cfg);
+  for (int l = 0; l < static_cast<int>(group_of.size()); ++l) {
+    if (group_of[l] >= static_cast<int>(out.size())) out.resize(group_of[l] + 1);
+    out[group_of[l]].push_back(l);
+  }
+  return out;
+}
+
 int distinct_graphs(const std::vector<dg::BucketPlan>& plans) {
   std::set<int> ids;
   for (const dg::BucketPlan& p : plans) ids.insert(p.graph_id);
@@ -32,6 +43,14 @@ void print_plans(const Setup& s, const dg::ExecutorConfig& cfg, const std::strin
              cfg.max_batch, cfg.max_seq_len, cfg.v2_threshold);
   fmt::print(out, "policy {}; device model {} SMs x {} resident pass-1 blocks = {} slots ({})\n", s.opt.policy,
              cfg.device_model.num_sms, cfg.device_model.blocks_per_sm, cfg.device_model.target_blocks(), source);
+  if (!cfg.layer_specs.empty()) {  // each layer group is planned with its own spec and kernel's slots
+    const std::vector<std::vector<int>> groups = group_layers(cfg);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const dg::AttentionSpec& gs = cfg.layer_specs[static_cast<std::size_t>(groups[g].front())];
+      fmt::print(out, "layer group {}: layers {}: {} q heads, {} kv heads, head {}, scale {:.6g}\n", g,
+                 fmt::join(groups[g], ","), gs.num_q_heads, gs.num_kv_heads, gs.head_size, gs.effective_scale());
+    }
+  }
   const bool measured = cfg.policy == dg::KernelPolicy::kMeasured;
   fmt::print(out, "{} buckets, {} distinct graphs{}:\n{}", plans.size(),
              measured ? std::string("(decided when measured)") : std::to_string(distinct_graphs(plans)),
@@ -53,6 +72,16 @@ json plans_document(const Setup& s, const dg::ExecutorConfig& cfg, const std::st
                       {"partition", s.opt.partition}});
   j["policy"] = s.opt.policy;
   j["device_model"] = device_model_json(cfg.device_model, source);
+  json groups = json::array();  // plans[].group indexes these; one group unless the layers differ
+  const std::vector<std::vector<int>> layers = group_layers(cfg);
+  for (std::size_t g = 0; g < layers.size(); ++g) {
+    const dg::AttentionSpec& gs = cfg.layer_specs.empty() ? cfg.spec : cfg.layer_specs[layers[g].front()];
+    json one = shape_json(s.opt.preset, gs);
+    one.erase("preset");
+    one.update({{"group", g}, {"layers", layers[g]}, {"scale", gs.effective_scale()}});
+    groups.push_back(one);
+  }
+  j["layer_groups"] = groups;
   j["buckets"] = plans.size();
   j["distinct_graphs"] = cfg.policy == dg::KernelPolicy::kMeasured ? json(nullptr) : json(distinct_graphs(plans));
   j["plans"] = plans_json(plans);
@@ -62,17 +91,18 @@ json plans_document(const Setup& s, const dg::ExecutorConfig& cfg, const std::st
 }  // namespace
 
 int plan_only(const Setup& s, std::FILE* out) {
-  // The host model fills in what --device-model leaves out.
+  // The host model fills in what --device-model leaves out: for the output here (layer group 0's),
+  // and in plan_buckets for each layer group's own kernel.
   dg::ExecutorConfig cfg = s.cfg;
   const dg::DeviceModel host = dg::host_device_model(cfg.spec);
   if (cfg.device_model.num_sms == 0) cfg.device_model.num_sms = host.num_sms;
   if (cfg.device_model.blocks_per_sm == 0) cfg.device_model.blocks_per_sm = host.blocks_per_sm;
   const std::string source = model_source(s.opt.device_model, /*gpu=*/false);
-  const std::vector<dg::BucketPlan> plans = dg::plan_buckets(cfg);
+  const std::vector<dg::BucketPlan> plans = dg::plan_buckets(s.cfg);
   print_plans(s, cfg, source, plans, out);
   std::vector<CaptureCost> costs;
   if (s.opt.capture_compare) {
-    costs = plan_only_capture_costs(cfg, s.opt.layers);
+    costs = plan_only_capture_costs(s.cfg, s.opt.layers);
     fmt::print(out, "{}", plan_only_capture_report(costs, s.opt.layers));
   }
   if (!s.opt.json_path.empty()) {

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace dgloop {
 
 std::string machine_report(const Machine& m, bool gpu) {
@@ -33,8 +36,13 @@ std::string run_header(const Setup& s) {
                    "x {} segments\n",
                    spec.num_q_heads, spec.num_kv_heads, spec.head_size, spec.block_size, dg::to_string(spec.dtype),
                    dg::to_string(spec.layout), s.opt.batch, s.opt.layers, s.opt.steps, s.segments.size());
+  if (!s.cfg.layer_specs.empty()) {
+    const std::vector<int> groups = dg::layer_groups_of(s.cfg);
+    h += fmt::format("layers differ: {} layer groups, each planned on its own (the plan table's group column)\n",
+                     *std::max_element(groups.begin(), groups.end()) + 1);
+  }
   h += fmt::format("KV cache: {} blocks x {} layers = {}\n\n", s.geo.num_blocks, s.opt.layers,
-                   dgbench::format_bytes(2.0 * static_cast<double>(s.geo.cache_elems * s.geo.esize) * s.opt.layers));
+                   dgbench::format_bytes(2.0 * static_cast<double>(s.geo.cache_elems_all * s.geo.esize)));
   return h;
 }
 

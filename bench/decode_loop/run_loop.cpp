@@ -14,14 +14,14 @@ namespace dgloop {
 Caches::Caches(const Setup& s) {
   const Geometry& g = s.geo;
   for (int l = 0; l < s.opt.layers; ++l) {
-    k.emplace_back(s.gpu, g.cache_elems * g.esize);
-    v.emplace_back(s.gpu, g.cache_elems * g.esize);
-    eager_out.emplace_back(s.gpu, g.qo_elems * g.esize);
+    k.emplace_back(s.gpu, g.layer[l].cache_elems * g.esize);
+    v.emplace_back(s.gpu, g.layer[l].cache_elems * g.esize);
+    eager_out.emplace_back(s.gpu, g.layer[l].qo_elems * g.esize);
   }
   const BackendOps ops{s.gpu, nullptr};
   for (int l = 0; l < s.opt.layers; ++l) {
-    ops.fill(s.spec.dtype, k[l].get(), g.cache_elems, s.opt.seed * 1000 + 2 * l);
-    ops.fill(s.spec.dtype, v[l].get(), g.cache_elems, s.opt.seed * 1000 + 2 * l + 1);
+    ops.fill(s.spec.dtype, k[l].get(), g.layer[l].cache_elems, s.opt.seed * 1000 + 2 * l);
+    ops.fill(s.spec.dtype, v[l].get(), g.layer[l].cache_elems, s.opt.seed * 1000 + 2 * l + 1);
   }
   ops.sync_device();
 }
@@ -33,7 +33,7 @@ dg::ExecutorConfig run_config(const Setup& s, const Caches& caches) {
     dg::LayerBuffers lb;
     lb.k_cache = caches.k[l].get();
     lb.v_cache = caches.v[l].get();
-    lb.k_cache_bytes = lb.v_cache_bytes = s.geo.cache_elems * s.geo.esize;  // the host backend cannot ask
+    lb.k_cache_bytes = lb.v_cache_bytes = s.geo.layer[l].cache_elems * s.geo.esize;  // the host backend cannot ask
     cfg.layers.push_back(lb);
   }
   cfg.num_blocks = s.geo.num_blocks;
@@ -64,8 +64,8 @@ class DecodeLoop {
         lens_(s.gpu, s.opt.batch),
         tables_(s.gpu, static_cast<std::size_t>(s.opt.batch) * s.geo.width),
         slots_(s.gpu, s.opt.batch),
-        host_graph_out_(s.geo.qo_elems * s.geo.esize),
-        host_eager_out_(s.geo.qo_elems * s.geo.esize),
+        host_graph_out_(s.geo.max_qo_elems * s.geo.esize),
+        host_eager_out_(s.geo.max_qo_elems * s.geo.esize),
         tol_(tolerance_for(s.spec.dtype)),
         rng_(s.opt.seed),
         progress_(s.opt.progress, static_cast<long>(s.segments.size()) * s.opt.steps) {}
@@ -128,9 +128,10 @@ class DecodeLoop {
     // This step's q and new K/V (what the model's projections would produce), random per step.
     const std::uint64_t step_seed = s_.opt.seed * 7919 + si * 100003 + static_cast<std::uint64_t>(st) * 31;
     for (int l = 0; l < s_.opt.layers; ++l) {
-      ops_.fill(s_.spec.dtype, ex_.query(l), g_.qo_elems, step_seed + 3 * l);
-      ops_.fill(s_.spec.dtype, ex_.new_key(l), g_.kv_row_elems, step_seed + 3 * l + 1);
-      ops_.fill(s_.spec.dtype, ex_.new_value(l), g_.kv_row_elems, step_seed + 3 * l + 2);
+      const LayerSizes& z = g_.layer[l];
+      ops_.fill(s_.spec.dtype, ex_.query(l), z.qo_elems, step_seed + 3 * l);
+      ops_.fill(s_.spec.dtype, ex_.new_key(l), z.kv_row_elems, step_seed + 3 * l + 1);
+      ops_.fill(s_.spec.dtype, ex_.new_value(l), z.kv_row_elems, step_seed + 3 * l + 2);
     }
     ops_.sync();
 
@@ -147,7 +148,7 @@ class DecodeLoop {
       // Host backend: also against the float64 reference, on each segment's first step and at every
       // band change (cheap enough there; on GPU the test suites do this).
       if (!s_.gpu && (st == 0 || r.band != last_band))
-        check_reference(reference_args(max_len), ex_.output(0), g_.qo_elems, tol_, res_.check);
+        check_reference(reference_args(max_len), ex_.output(0), g_.layer[0].qo_elems, tol_, res_.check);
     }
     res_.recs.push_back(rec);
     progress_.update(static_cast<long>(res_.recs.size()),
@@ -171,8 +172,13 @@ class DecodeLoop {
     return r;
   }
 
-  /// Eager: the same work launched call by call, with the plan's kernel and partition size. It
-  /// appends the same K/V into the same slots (idempotent), so both see identical caches.
+  /// Layer l's plan in the step: its layer group's (the band is known on the host: host inputs).
+  const dg::BucketPlan& layer_plan(int l, const dg::StepResult& r) const {
+    return ex_.plan_for(ex_.layer_group(l), r.bucket, r.band);
+  }
+
+  /// Eager: the same work launched call by call, with each layer's plan's kernel and partition
+  /// size. It appends the same K/V into the same slots (idempotent), so both see identical caches.
   double eager_step(const dg::StepResult& r, int max_len) {
     const auto t0 = Clock::now();
     ops_.to_device_async(d_lens_.get(), lens_.data(), sizeof(int32_t) * batch());
@@ -184,8 +190,9 @@ class DecodeLoop {
   }
 
   void eager_layer(int l, const dg::StepResult& r, int max_len) {
+    const dg::BucketPlan& plan = layer_plan(l, r);
     dg::AppendArgs ap;
-    ap.spec = s_.spec;
+    ap.spec = s_.layer_specs[l];
     ap.num_tokens = batch();
     ap.num_blocks = g_.num_blocks;
     ap.key = ex_.new_key(l);
@@ -201,19 +208,19 @@ class DecodeLoop {
     const dg::Stream stream = ops_.stream;
     if (s_.gpu) {
       dg::append_kv(ap, stream);
-      if (r.kernel == dg::KernelKind::kV1) dg::paged_attention_v1(a, stream);
-      else dg::paged_attention_v2(a, r.partition_size, workspace_.get(), workspace_.bytes(), stream);
+      if (plan.kernel == dg::KernelKind::kV1) dg::paged_attention_v1(a, stream);
+      else dg::paged_attention_v2(a, plan.partition_size, workspace_.get(), workspace_.bytes(), stream);
     } else {
       dg::host::append_kv(ap);
-      if (r.kernel == dg::KernelKind::kV1) dg::host::paged_attention_v1(a);
-      else dg::host::paged_attention_v2(a, r.partition_size, workspace_.get(), workspace_.bytes());
+      if (plan.kernel == dg::KernelKind::kV1) dg::host::paged_attention_v1(a);
+      else dg::host::paged_attention_v2(a, plan.partition_size, workspace_.get(), workspace_.bytes());
     }
   }
 
   /// Layer `l`'s attention over the step's lengths and block tables (in the memory space given).
   dg::DecodeArgs decode_args(int l, int max_len, void* out, const int32_t* tables, const int32_t* lens) {
     dg::DecodeArgs a;
-    a.spec = s_.spec;
+    a.spec = s_.layer_specs[l];
     a.num_seqs = batch();
     a.max_seq_len = max_len;
     a.block_table_stride = g_.width;
@@ -245,7 +252,11 @@ class DecodeLoop {
     rec.measured = r.measured;
     rec.graph_id = r.graph_id;
     rec.max_len = max_len;
-    rec.bytes = s_.opt.layers * dgbench::attention_bytes(s_.spec, lens_.data(), batch(), r.kernel, r.partition_size);
+    rec.bytes = 0;  // the bytes model, summed over layers: each its own spec and plan
+    for (int l = 0; l < s_.opt.layers; ++l) {
+      const dg::BucketPlan& p = layer_plan(l, r);
+      rec.bytes += dgbench::attention_bytes(s_.layer_specs[l], lens_.data(), batch(), p.kernel, p.partition_size);
+    }
     for (const auto& p : ex_.plans())
       if (p.band == r.band) rec.band_lo = p.band_lo;
     return rec;
@@ -254,12 +265,12 @@ class DecodeLoop {
   /// Every layer's graph output against its eager output: bitwise on a GPU, within tolerance on the
   /// host backend.
   void check_outputs(StepRecord& rec, const dg::StepResult& r, std::size_t si, int st) {
-    const std::size_t bytes = g_.qo_elems * g_.esize;
     for (int l = 0; l < s_.opt.layers; ++l) {
+      const std::size_t elems = g_.layer[l].qo_elems, bytes = elems * g_.esize;
       ops_.to_host(host_graph_out_.data(), ex_.output(l), bytes);
       ops_.to_host(host_eager_out_.data(), caches_.eager_out[l].get(), bytes);
       const OutputDiff d =
-          compare_outputs(s_.spec.dtype, host_graph_out_.data(), host_eager_out_.data(), g_.qo_elems, tol_);
+          compare_outputs(s_.spec.dtype, host_graph_out_.data(), host_eager_out_.data(), elems, tol_);
       rec.bitwise_equal = rec.bitwise_equal && d.same;
       rec.max_abs_diff = std::max(rec.max_abs_diff, d.worst);
       if (s_.gpu ? !d.same : d.out_of_tol)

@@ -50,6 +50,12 @@ dg::AttentionSpec spec_of(const Options& o) {
   return spec;
 }
 
+/// Each layer's spec: `spec` in every layer. A preset whose layers differ (a later ModelPreset field,
+/// for the windowed models) varies it here, layer by layer; everything after reads layer_specs.
+std::vector<dg::AttentionSpec> layer_specs_of(const Options& o, const dg::AttentionSpec& spec) {
+  return std::vector<dg::AttentionSpec>(static_cast<std::size_t>(o.layers), spec);
+}
+
 /// The longest length the run reaches, and the blocks of the segment that needs the most.
 struct Reach {
   int longest = 0;
@@ -74,9 +80,15 @@ Geometry geometry_of(const Setup& s, long long max_blocks) {
   g.num_blocks = static_cast<int>(std::max<long long>(1, max_blocks));
   g.width = (s.opt.max_seq_len + s.spec.block_size - 1) / s.spec.block_size;
   g.esize = dg::dtype_size(s.spec.dtype);
-  g.cache_elems = static_cast<std::size_t>(g.num_blocks) * s.spec.block_elems();
-  g.qo_elems = static_cast<std::size_t>(s.opt.batch) * s.spec.num_q_heads * s.spec.head_size;
-  g.kv_row_elems = static_cast<std::size_t>(s.opt.batch) * s.spec.num_kv_heads * s.spec.head_size;
+  for (const dg::AttentionSpec& spec : s.layer_specs) {
+    LayerSizes l;
+    l.cache_elems = static_cast<std::size_t>(g.num_blocks) * spec.block_elems();
+    l.qo_elems = static_cast<std::size_t>(s.opt.batch) * spec.num_q_heads * spec.head_size;
+    l.kv_row_elems = static_cast<std::size_t>(s.opt.batch) * spec.num_kv_heads * spec.head_size;
+    g.max_qo_elems = std::max(g.max_qo_elems, l.qo_elems);
+    g.cache_elems_all += l.cache_elems;
+    g.layer.push_back(l);
+  }
   return g;
 }
 
@@ -85,6 +97,9 @@ dg::ExecutorConfig planning_config(const Setup& s) {
   const Options& o = s.opt;
   dg::ExecutorConfig cfg;
   cfg.spec = s.spec;
+  cfg.num_layers = o.layers;
+  if (std::any_of(s.layer_specs.begin(), s.layer_specs.end(), [&](const dg::AttentionSpec& l) { return !(l == s.spec); }))
+    cfg.layer_specs = s.layer_specs;
   cfg.max_batch = o.batch;
   cfg.max_seq_len = o.max_seq_len;
   cfg.v2_threshold = o.threshold;
@@ -151,6 +166,7 @@ Setup resolve(Options opt) {
   def("--batch", std::to_string(o.batch));
   if (!o.layers) o.layers = d.layers;
   def("--layers", std::to_string(o.layers));
+  s.layer_specs = layer_specs_of(o, s.spec);
   if (!o.steps) o.steps = d.steps;
   def("--steps", std::to_string(o.steps));
   if (o.start_lens.empty()) o.start_lens = d.start_lens;

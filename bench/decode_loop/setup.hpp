@@ -20,21 +20,31 @@ struct Segment {
 /// "N" or "MIN:MAX" entries, comma-separated; MIN:MAX spreads the start lengths evenly over the batch.
 std::vector<Segment> parse_segments(const std::string& text, int batch);
 
+/// One layer's sizes, from its own spec.
+struct LayerSizes {
+  std::size_t cache_elems = 0;   // its K (or V) cache
+  std::size_t qo_elems = 0;      // its q (or out): batch x q heads x head size
+  std::size_t kv_row_elems = 0;  // its new K (or V): batch x kv heads x head size
+};
+
 /// Sizes every part of the run shares.
 struct Geometry {
   int num_blocks = 0;  // blocks per layer's cache: enough for the segment that needs the most
   int width = 0;       // block-table row width
-  std::size_t esize = 0;         // bytes of one element of the dtype
-  std::size_t cache_elems = 0;   // one layer's K (or V) cache
-  std::size_t qo_elems = 0;      // one layer's q (or out): batch x q heads x head size
-  std::size_t kv_row_elems = 0;  // one layer's new K (or V): batch x kv heads x head size
+  std::size_t esize = 0;          // bytes of one element of the dtype (every layer's)
+  std::vector<LayerSizes> layer;  // [layers]
+  std::size_t max_qo_elems = 0;   // the widest layer's q (or out)
+  std::size_t cache_elems_all = 0;  // every layer's K (or V) cache together
 };
 
 struct Setup {
   Options opt;  // with the defaults filled in
   dg::BackendKind backend = dg::BackendKind::kHost;
   bool gpu = false;
-  dg::AttentionSpec spec;  // the preset's, with the shape options applied
+  dg::AttentionSpec spec;  // the preset's, with the shape options applied; layer 0's
+  /// [layers]: each layer's spec (all `spec` unless the preset's layers differ); ExecutorConfig's
+  /// layer_specs where they differ.
+  std::vector<dg::AttentionSpec> layer_specs;
   std::vector<Segment> segments;
   std::vector<std::string> defaults_used;  // "--flag value" for each option left out
   dg::ExecutorConfig cfg;                  // what planning reads; the run adds its caches and layers

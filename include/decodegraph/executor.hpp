@@ -157,8 +157,11 @@ struct BucketIndex {
   friend constexpr bool operator==(BucketIndex a, BucketIndex b) { return a.value == b.value; }
 };
 
-/// The host-only plan of one bucket.
+/// The host-only plan of one bucket for one layer group.
 struct BucketPlan {
+  /// The layer group whose layers launch this plan (Executor::layer_group); 0 when every layer has
+  /// one spec.
+  int group = 0;
   int batch = 0;         // bucket batch size
   int band = 0;          // band index
   int band_lo = 0;       // lengths in (band_lo, band_hi]
@@ -194,16 +197,18 @@ struct BucketPlan {
   int candidates_scored = 0;
   PlanReason reason = PlanReason::kLeastRegret;
   /// The launch id: which distinct launch sequence this bucket runs (ExecutorStats::distinct_plans of
-  /// them); buckets with identical launches share one. Under BandSelect::kHost it is also the graph
-  /// the bucket replays (GraphStats::graph_id); under kDevice the graph is the batch bucket's and
-  /// this names the SWITCH branch (StepResult::launch_id, GraphStats::band_launch_ids). -1: not
-  /// decided yet (kMeasured, before the bucket's first capture).
+  /// them), the same in every layer group's plan of the bucket; buckets whose launches are identical
+  /// in every group share one. Under BandSelect::kHost it is also the graph the bucket replays
+  /// (GraphStats::graph_id); under kDevice the graph is the batch bucket's and this names the SWITCH
+  /// branch (StepResult::launch_id, GraphStats::band_launch_ids). -1: not decided yet (kMeasured,
+  /// before the bucket's first capture).
   int graph_id = -1;
   /// kMeasured: the candidates, with their measured time once the bucket has been captured.
   std::vector<PlanCandidate> candidates;
 };
 
-/// Formats plans as an aligned text table (for logs, the CLI and bug reports).
+/// Formats plans as an aligned text table (for logs, the CLI and bug reports). Plans of more than one
+/// layer group get a "group" column.
 std::string format_plan_table(const std::vector<BucketPlan>& plans);
 /// One line saying why the plan runs its kernel, with the numbers that decided it.
 std::string describe_reason(const BucketPlan& plan);
@@ -212,6 +217,7 @@ std::string describe_reason(const BucketPlan& plan);
 /// owns a buffer (exposed by query()/output()/new_key()/new_value()); where set, the address is fixed
 /// into the graphs at capture, so it must stay valid until the executor is destroyed or the layers
 /// are rebound (Executor::rebind_layers).
+/// Shapes are those of the layer's own spec (ExecutorConfig::layer_specs).
 struct LayerBuffers {
   void* k_cache = nullptr;    // [num_blocks, ...] in spec.layout (attention.hpp)
   void* v_cache = nullptr;
@@ -238,8 +244,20 @@ struct LayerBuffers {
 };
 
 struct ExecutorConfig {
+  /// Every layer's spec, unless layer_specs is set; then the fields every layer shares (block_size,
+  /// dtype, layout).
   AttentionSpec spec;
-  /// ALiBi slopes [num_q_heads] (host values; copied into executor memory). Empty: no ALiBi.
+  /// Empty: every layer uses `spec`. Otherwise one spec per layer (size num_layers). Layers with
+  /// equal specs form a *layer group* (numbered in the order of their first layer:
+  /// Executor::layer_group); plans are made per (layer group, batch bucket, band), and every layer's
+  /// launch follows its group's plan; one graph still holds every layer (docs/planning.md, "Layer
+  /// groups"). A layer's spec may differ from `spec` in num_q_heads, num_kv_heads, head_size and
+  /// scale; block_size, dtype and layout are spec's (InvalidArgument naming layer_specs[l].<field>
+  /// otherwise). Gemma 3's five local layers to one global:
+  ///   for (int l = 0; l < 62; ++l) cfg.layer_specs.push_back(l % 6 == 5 ? global : local);
+  std::vector<AttentionSpec> layer_specs;
+  /// ALiBi slopes [num_q_heads] (host values; copied into executor memory). Empty: no ALiBi. With
+  /// layer_specs, every layer must have this many query heads.
   std::vector<float> alibi_slopes;
 
   int num_layers = 1;
@@ -263,7 +281,9 @@ struct ExecutorConfig {
   /// the band's lower edge; see docs/planning.md).
   int partition_size = 0;
   KernelPolicy policy = KernelPolicy::kAuto;
-  /// The GPU the plans are made for; zero fields are queried (CUDA) or modelled (host: an H200).
+  /// The GPU the plans are made for; zero fields are queried (CUDA) or modelled (host: an H200), for
+  /// each layer group's own pass-1 kernel (its occupancy follows head size, dtype and GQA group:
+  /// BucketPlan::target_blocks). config() shows layer group 0's.
   DeviceModel device_model;
   /// kMeasured: timed replays per candidate, after one warm-up replay.
   int measure_replays = 3;
@@ -338,7 +358,8 @@ struct StepResult {
   int bucket_batch_size = 0;  // that bucket's batch size: num_seqs rounded up to a bucket
   /// The band index, when known on the host: always under kHost; under kDevice when step() read
   /// the lengths (host inputs, or kFull), else -1 and band_hi, kernel and partition_size are not
-  /// known either (0, kV1, 0): the graph chose the branch on the device.
+  /// known either (0, kV1, 0): the graph chose the branch on the device. kernel and partition_size
+  /// are layer group 0's (plan_for(group, bucket, band) has every group's).
   int band = 0;
   int band_hi = 0;
   KernelKind kernel = KernelKind::kV1;
@@ -376,6 +397,8 @@ class StepContext {
   /// kernel, batch, partitions, grids, workspace and launch_len hold for every bucket that replays it; band, band_lo and band_hi span those buckets (the lowest
   /// band, the lowest band_lo, the highest band_hi; under kMeasured, those decided so far). Size
   /// per-step work of your own by batch and launch_len, which bound every step the graph will replay.
+  /// With several layer groups it is group 0's plan; each layer's attention() launches its own
+  /// group's (the same batch and bands, and a launch_len that bounds the same steps).
   const BucketPlan& plan() const;
   /// Appends layer l's new K/V (staged slot_mapping) into its cache.
   void append_kv(int layer);
@@ -431,6 +454,11 @@ struct GraphStats {
   /// read failed.
   std::vector<long long> band_replays;
   std::vector<KernelKind> band_kernels;  // kDevice: each band's kernel
+  /// Per layer group g (index g; kernel, partition_size and band_kernels above are group 0's):
+  /// kHost, group g's kernel in this graph; kDevice, its kernel in the longest band.
+  std::vector<KernelKind> group_kernels;
+  /// kDevice: group_band_kernels[g][b] is group g's kernel in band (band + b)'s branch.
+  std::vector<std::vector<KernelKind>> group_band_kernels;
   /// kDevice: each band's launch id (BucketPlan::graph_id: bands with the same id share a branch);
   /// kHost: empty (the graph is one launch, graph_id).
   std::vector<int> band_launch_ids;
@@ -466,8 +494,10 @@ struct ExecutorStats {
   /// Delayed reports thrown (each one CorruptedStepReport): bad block ids and skipped slots.
   long long bad_block_reports = 0;
   long long caller_captures = 0;  // steps recorded into a caller's stream capture (also in steps)
-  /// Replays of `kind`'s launches: kHost graphs by their kernel, kDevice graphs by branch execution.
-  long long replays(KernelKind kind) const;
+  /// Replays of `kind`'s launches: kHost graphs by their kernel, kDevice graphs by branch execution;
+  /// layer group 0's launches, or those of `group`.
+  long long replays(KernelKind kind) const { return replays(kind, 0); }
+  long long replays(KernelKind kind, int group) const;
 };
 
 struct MemoryReport {
@@ -529,20 +559,37 @@ class Executor {
   /// The band choice in effect: config().band_select, or kHost after a fallback.
   BandSelect band_select() const;
   const ExecutorConfig& config() const;
-  /// Every bucket's plan, bucket-major (index = bucket * bands + band). kMeasured plans are final once
+  /// Every bucket's plan, bucket-major (index = bucket * bands + band), for each layer group in turn
+  /// (group-major: index = (group * buckets + bucket) * bands + band). kMeasured plans are final once
   /// their bucket has been captured.
   const std::vector<BucketPlan>& plans() const;
-  /// The plan of batch bucket `bucket` (an index into config().batch_buckets) and band index `band`.
+  /// Layer group `group`'s plans, bucket-major.
+  std::span<const BucketPlan> plans(int group) const;
+  /// The plan of batch bucket `bucket` (an index into config().batch_buckets) and band index `band`,
+  /// for layer group 0 (every layer's, with one spec), or for layer group `group`.
   const BucketPlan& plan_for(BucketIndex bucket, int band) const;
-  /// The plan a step ran. Throws InvalidArgument when its band is not known on the host (band -1:
-  /// kDevice with device-resident inputs and kCheap, where the graph chose the band itself); then
-  /// plans_for(step.bucket) has every band's plan and stats().graphs[].band_replays counts the
-  /// bands the graph ran.
+  const BucketPlan& plan_for(int group, BucketIndex bucket, int band) const;
+  /// The plan a step ran (layer group 0's; StepResult's kernel and partition_size are its). Throws
+  /// InvalidArgument when its band is not known on the host (band -1: kDevice with device-resident
+  /// inputs and kCheap, where the graph chose the band itself); then plans_for(step.bucket) has
+  /// every band's plan and stats().graphs[].band_replays counts the bands the graph ran.
   const BucketPlan& plan_for(const StepResult& step) const;
-  /// Every band's plan of batch bucket `bucket`, band order (plans_for(b)[band] = plan_for(b, band)).
+  /// Every band's plan of batch bucket `bucket`, band order (plans_for(b)[band] = plan_for(b, band)),
+  /// for layer group 0, or for layer group `group`.
   std::span<const BucketPlan> plans_for(BucketIndex bucket) const;
-  /// The plan a step of `batch_size` sequences (1..max_batch) in band index `band` replays.
+  std::span<const BucketPlan> plans_for(int group, BucketIndex bucket) const;
+  /// The plan a step of `batch_size` sequences (1..max_batch) in band index `band` replays (group 0's).
   const BucketPlan& plan_for_batch(int batch_size, int band) const;
+  /// Layers with equal specs (ExecutorConfig::layer_specs) form a layer group, numbered in the order
+  /// of their first layer: layer 0 is in group 0. One group when layer_specs is empty.
+  int num_layer_groups() const;
+  int layer_group(int layer) const;
+  /// The layers of `group`, ascending.
+  const std::vector<int>& group_layers(int group) const;
+  /// Layer `layer`'s spec: config().layer_specs[layer], or config().spec.
+  const AttentionSpec& layer_spec(int layer) const;
+  /// Every plan (format_plan_table); with several layer groups, a line per group (its layers and
+  /// spec) first, and a group column.
   std::string plan_table() const;
   ExecutorStats stats() const;
   MemoryReport memory() const;
@@ -562,6 +609,14 @@ class Executor {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Checks config.layer_specs as the Executor does: empty, or num_layers valid specs that share
+/// spec's block_size, dtype and layout. Throws InvalidArgument naming layer_specs[l].<field>.
+void validate_layer_specs(const ExecutorConfig& config);
+/// Each layer's layer group (size num_layers), numbered as Executor::layer_group numbers them
+/// (equal specs share one, in the order of their first layer), without building an Executor; for
+/// reading plan_buckets()' plans by group. Checks layer_specs first (validate_layer_specs).
+std::vector<int> layer_groups_of(const ExecutorConfig& config);
+
 /// Default bands and buckets, exposed for tests and tools.
 std::vector<int> default_band_edges(int max_seq_len, int v2_threshold);
 std::vector<int> default_batch_buckets(int max_batch);
@@ -570,9 +625,9 @@ std::vector<int> default_batch_buckets(int max_batch);
 /// kernel's registers and shared memory allow there (read off ptxas for the current kernels).
 DeviceModel host_device_model(const AttentionSpec& spec);
 
-/// The plans an Executor with this configuration makes (graph ids included), without building one:
-/// no backend, no memory, no layers needed. Device-model fields left at 0 take the host model (an
-/// H200). Throws Error for planning fields the Executor would reject (layers, caches and the other
+/// The plans an Executor with this configuration makes (graph ids included; every layer group's,
+/// group-major as Executor::plans()), without building one: no backend, no memory, no layers needed.
+/// Device-model fields left at 0 take the host model (an H200), per layer group. Throws Error for planning fields the Executor would reject (layers, caches and the other
 /// fields planning does not read are not checked).
 std::vector<BucketPlan> plan_buckets(const ExecutorConfig& config);
 

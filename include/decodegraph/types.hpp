@@ -56,6 +56,9 @@ struct AttentionSpec {
   int group_size() const { return num_q_heads / num_kv_heads; }
   /// Elements of one KV block for one layer, K or V: block_size * kv_heads * head_size.
   std::size_t block_elems() const;
+  /// Field by field (a scale of 0 and an explicit 1/sqrt(head_size) differ). The executor groups
+  /// layers whose specs are equal (ExecutorConfig::layer_specs).
+  friend bool operator==(const AttentionSpec&, const AttentionSpec&) = default;
 };
 
 /// Throws InvalidArgument for any unsupported value of the spec (head_size, block_size, heads,

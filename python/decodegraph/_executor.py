@@ -192,7 +192,7 @@ class Executor:
         return None
 
     def query(self, layer: int) -> Array:
-        """Layer ``layer``'s q: [max_batch, num_q_heads, head_size], written by you before a step.
+        """Layer ``layer``'s q: [max_batch, num_q_heads, head_size] of its spec, written by you before a step.
         A zero-copy view of the executor's buffer (numpy on the host backend; a torch tensor on
         CUDA when torch is importable, else a DLPack-capable object), or your own array if you gave
         one in LayerBuffers."""
@@ -226,25 +226,46 @@ class Executor:
 
     # ------------------------------------------------------------------ plans and statistics
 
-    def plans(self) -> List[BucketPlan]:
-        """Every bucket's plan, bucket-major (index = bucket * bands + band)."""
-        return [BucketPlan._from_core(d) for d in self._core.plans()]
+    def plans(self, group: Optional[int] = None) -> List[BucketPlan]:
+        """Every bucket's plan, bucket-major (index = bucket * bands + band), for every layer group in
+        turn (group-major); or layer group ``group``'s only."""
+        return [BucketPlan._from_core(d) for d in self._core.plans(group)]
 
-    def plan_for(self, step_or_bucket: Union[StepResult, int], band: Optional[int] = None) -> BucketPlan:
+    def plan_for(self, step_or_bucket: Union[StepResult, int], band: Optional[int] = None, *,
+                 group: int = 0) -> BucketPlan:
         """The plan a step ran (``plan_for(result)``), or of batch-bucket index ``bucket`` and band
-        index ``band`` (``plan_for(bucket, band)``). A result whose band the graph chose on the device
-        (band -1) raises InvalidArgument saying where to look: :meth:`plans_for` and
-        ``stats().graphs[].band_replays``."""
+        index ``band`` (``plan_for(bucket, band)``), for layer group ``group`` (0: layer 0's). A result
+        whose band the graph chose on the device (band -1) raises InvalidArgument saying where to look:
+        :meth:`plans_for` and ``stats().graphs[].band_replays``."""
         if isinstance(step_or_bucket, StepResult):
             r = step_or_bucket
-            return BucketPlan._from_core(self._core.plan_for_step(r.bucket, r.band, r.band_on_device, r.graph_id))
+            return BucketPlan._from_core(
+                self._core.plan_for_step(r.bucket, r.band, r.band_on_device, r.graph_id, group))
         if band is None:
             raise TypeError("plan_for(bucket, band): band is required with a bucket index")
-        return BucketPlan._from_core(self._core.plan_for(int(step_or_bucket), int(band)))
+        return BucketPlan._from_core(self._core.plan_for(int(step_or_bucket), int(band), group))
 
-    def plans_for(self, bucket: int) -> List[BucketPlan]:
-        """Every band's plan of batch-bucket index ``bucket``, in band order."""
-        return [BucketPlan._from_core(d) for d in self._core.plans_for(int(bucket))]
+    @property
+    def num_layer_groups(self) -> int:
+        """Layer groups: layers with equal specs share one (1 without ``layer_specs``)."""
+        return int(self._core.num_layer_groups)
+
+    def layer_group(self, layer: int) -> int:
+        """The layer group of layer ``layer``, numbered in the order of each group's first layer."""
+        return int(self._core.layer_group(layer))
+
+    def group_layers(self, group: int) -> List[int]:
+        """The layers of layer group ``group``, ascending."""
+        return list(self._core.group_layers(group))
+
+    def layer_spec(self, layer: int) -> AttentionSpec:
+        """Layer ``layer``'s spec (``config.layer_specs[layer]``, or ``config.spec``)."""
+        self.layer_group(layer)  # checks the index
+        return self._config.layer_spec(layer)
+
+    def plans_for(self, bucket: int, *, group: int = 0) -> List[BucketPlan]:
+        """Every band's plan of batch-bucket index ``bucket``, in band order, for layer group ``group``."""
+        return [BucketPlan._from_core(d) for d in self._core.plans_for(int(bucket), group)]
 
     def plan_for_batch(self, batch_size: int, band: int) -> BucketPlan:
         """The plan a step of ``batch_size`` sequences (1..max_batch) in band index ``band`` replays."""

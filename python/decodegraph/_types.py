@@ -166,6 +166,10 @@ class LayerBuffers:
 class ExecutorConfig:
     """Executor configuration (C++ ``ExecutorConfig``); ``num_layers`` is ``len(layers)``.
 
+    ``layer_specs`` empty: every layer uses ``spec``; else one :class:`AttentionSpec` per layer,
+    which may differ from ``spec`` in heads, head size and scale (block size, dtype and layout are
+    ``spec``'s); layers with equal specs form a layer group with its own plans
+    (:meth:`Executor.layer_group`). Each layer's arrays have its own spec's shapes.
     ``num_blocks`` 0 takes the first layer's K cache's ``shape[0]``; empty ``band_edges`` /
     ``batch_buckets`` take the defaults (:func:`decodegraph.default_band_edges`,
     :func:`decodegraph.default_batch_buckets`); ``validation`` None takes the library's default
@@ -174,6 +178,7 @@ class ExecutorConfig:
 
     spec: AttentionSpec = field(default_factory=AttentionSpec)
     layers: List[LayerBuffers] = field(default_factory=list)
+    layer_specs: List[AttentionSpec] = field(default_factory=list)
     max_batch: int = 8
     max_seq_len: int = 8192
     num_blocks: int = 0
@@ -202,6 +207,11 @@ class ExecutorConfig:
         if not isinstance(self.spec, AttentionSpec):
             raise InvalidArgument(f"spec = {self.spec!r} is invalid; allowed: an AttentionSpec")
         self.spec.__post_init__()
+        self.layer_specs = list(self.layer_specs)
+        for i, s in enumerate(self.layer_specs):
+            if not isinstance(s, AttentionSpec):
+                raise InvalidArgument(f"layer_specs[{i}] = {s!r} is invalid; allowed: an AttentionSpec")
+            s.__post_init__()
         self.policy = coerce_enum(KernelPolicy, self.policy, "policy")
         self.band_select = coerce_enum(BandSelect, self.band_select, "band_select")
         self.capture = coerce_enum(CapturePolicy, self.capture, "capture")
@@ -222,6 +232,10 @@ class ExecutorConfig:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def layer_spec(self, layer: int) -> AttentionSpec:
+        """Layer ``layer``'s spec: ``layer_specs[layer]``, or ``spec`` when layer_specs is empty."""
+        return self.layer_specs[layer] if self.layer_specs else self.spec
 
 
 @dataclass
@@ -246,7 +260,8 @@ class PlanPrediction:
 
 @dataclass
 class BucketPlan:
-    """The plan of one bucket (batch bucket x length band), C++ ``BucketPlan``.
+    """The plan of one bucket (batch bucket x length band) for one layer group (``group``; 0 when
+    every layer has one spec), C++ ``BucketPlan``.
 
     ``grid`` is the attention (V1 or V2 pass 1) grid (x, y, z), ``merge_grid`` V2's pass-2 grid
     (heads, sequences, 32-element slices); ``predicted_lo/mid/hi`` the cost model at the band's edges;
@@ -278,6 +293,7 @@ class BucketPlan:
     reason_text: str
     graph_id: int
     candidates: List[PlanCandidate]
+    group: int = 0
 
     @classmethod
     def _from_core(cls, d: Dict[str, Any]) -> BucketPlan:
@@ -335,6 +351,8 @@ class GraphStats:
     band_replays: List[int]
     band_kernels: List[KernelKind]
     band_launch_ids: List[int]
+    group_kernels: List[KernelKind] = field(default_factory=list)  # [group]: kHost its kernel, kDevice its longest band's
+    group_band_kernels: List[List[KernelKind]] = field(default_factory=list)  # kDevice: [group][band - this.band]
 
 
 @dataclass
@@ -364,10 +382,16 @@ class ExecutorStats:
     bad_block_reports: int
     replays_v1: int
     replays_v2: int
+    group_replays: List[Tuple[int, int]] = field(default_factory=list)  # [group] -> (V1, V2) replays
 
-    def replays(self, kind: KernelKind | str) -> int:
-        """Replays of ``kind``'s launches (C++ ``ExecutorStats::replays``)."""
-        return self.replays_v1 if coerce_enum(KernelKind, kind, "kind") is KernelKind.V1 else self.replays_v2
+    def replays(self, kind: KernelKind | str, group: int = 0) -> int:
+        """Replays of ``kind``'s launches in layer group ``group`` (C++ ``ExecutorStats::replays``)."""
+        v1 = coerce_enum(KernelKind, kind, "kind") is KernelKind.V1
+        if group == 0:
+            return self.replays_v1 if v1 else self.replays_v2
+        if not 0 <= group < len(self.group_replays):
+            raise InvalidArgument(f"group = {group} is invalid; allowed: a layer group 0..{len(self.group_replays) - 1}")
+        return self.group_replays[group][0 if v1 else 1]
 
     @classmethod
     def _from_core(cls, d: Dict[str, Any]) -> ExecutorStats:

@@ -4,6 +4,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+
 namespace dgpy {
 namespace {
 
@@ -37,6 +39,7 @@ dg::DeviceModel device_model_from_py(nb::handle o) {
 dg::ExecutorConfig config_from_py(nb::handle o) {
   dg::ExecutorConfig c;
   c.spec = spec_from_py(o.attr("spec"));
+  for (nb::handle s : o.attr("layer_specs")) c.layer_specs.push_back(spec_from_py(s));
   if (!o.attr("alibi_slopes").is_none()) c.alibi_slopes = get<std::vector<float>>(o, "alibi_slopes");
   c.num_layers = static_cast<int>(nb::len(nb::object(o.attr("layers"))));
   c.max_batch = get<int>(o, "max_batch");
@@ -86,6 +89,7 @@ nb::dict to_py(const dg::PlanPrediction& p) {
 
 nb::dict to_py(const dg::BucketPlan& p) {
   nb::dict d;
+  d["group"] = p.group;
   d["batch"] = p.batch;
   d["band"] = p.band;
   d["band_lo"] = p.band_lo;
@@ -116,7 +120,7 @@ nb::dict to_py(const dg::BucketPlan& p) {
   return d;
 }
 
-nb::list to_py(const std::vector<dg::BucketPlan>& plans) {
+nb::list to_py(std::span<const dg::BucketPlan> plans) {
   nb::list l;
   for (const auto& p : plans) l.append(to_py(p));
   return l;
@@ -146,6 +150,8 @@ nb::dict to_py(const dg::GraphStats& g) {
   d["branches"] = g.branches;
   d["band_replays"] = g.band_replays;
   d["band_kernels"] = g.band_kernels;
+  d["group_kernels"] = g.group_kernels;
+  d["group_band_kernels"] = g.group_band_kernels;
   d["band_launch_ids"] = g.band_launch_ids;
   return d;
 }
@@ -178,6 +184,13 @@ nb::dict to_py(const dg::ExecutorStats& s) {
   // ExecutorStats::replays(kind), evaluated here so that the Python side does not restate its rule.
   d["replays_v1"] = s.replays(dg::KernelKind::kV1);
   d["replays_v2"] = s.replays(dg::KernelKind::kV2);
+  std::size_t groups = 1;  // every graph names each layer group's kernels
+  for (const auto& g : s.graphs) groups = std::max({groups, g.group_kernels.size(), g.group_band_kernels.size()});
+  nb::list per_group;  // [group] -> [V1 replays, V2 replays]
+  for (std::size_t g = 0; g < groups; ++g)
+    per_group.append(nb::make_tuple(s.replays(dg::KernelKind::kV1, static_cast<int>(g)),
+                                    s.replays(dg::KernelKind::kV2, static_cast<int>(g))));
+  d["group_replays"] = per_group;
   return d;
 }
 

@@ -6,6 +6,8 @@
 
 #include <nanobind/nanobind.h>
 
+#include <span>
+
 #include "decodegraph/executor.hpp"
 
 namespace dgpy {
@@ -23,7 +25,7 @@ nb::dict to_py(const dg::DeviceModel& m);
 nb::dict to_py(const dg::PlanCandidate& c);
 nb::dict to_py(const dg::PlanPrediction& p);
 nb::dict to_py(const dg::BucketPlan& p);
-nb::list to_py(const std::vector<dg::BucketPlan>& plans);
+nb::list to_py(std::span<const dg::BucketPlan> plans);
 nb::dict to_py(const dg::GraphStats& g);
 nb::dict to_py(const dg::ExecutorStats& s);
 nb::dict to_py(const dg::MemoryReport& m);

@@ -13,6 +13,7 @@
 // against them. step(), rebind_layers(), capture_all() and check_errors() called from inside the
 // executor's own step body or host callback are refused.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -96,30 +97,32 @@ class PyExecutor {
   nb::object layer_view(int layer, int which);
   nb::dict host_staging();
 
-  nb::list plans() {
+  nb::list plans(std::optional<int> group) {
     auto lk = lock();
-    return to_py(ex_->plans());
+    return group ? to_py(ex_->plans(*group)) : to_py(ex_->plans());
   }
-  nb::dict plan_for(int bucket, int band) {
+  nb::dict plan_for(int bucket, int band, int group) {
     auto lk = lock();
-    return to_py(ex_->plan_for(dg::BucketIndex(bucket), band));
+    return to_py(ex_->plan_for(group, dg::BucketIndex(bucket), band));
   }
+  int num_layer_groups() const { return ex_->num_layer_groups(); }
+  int layer_group(int layer) const { return ex_->layer_group(layer); }
+  std::vector<int> group_layers(int group) const { return ex_->group_layers(group); }
   // plan_for(const StepResult&): the fields it reads, so that its error (band -1 chosen on the
-  // device) is the C++ one.
-  nb::dict plan_for_step(int bucket, int band, bool band_on_device, int graph_id) {
+  // device) is the C++ one; then group `group`'s plan of the same cell.
+  nb::dict plan_for_step(int bucket, int band, bool band_on_device, int graph_id, int group) {
     auto lk = lock();
     dg::StepResult r;
     r.bucket = dg::BucketIndex(bucket);
     r.band = band;
     r.band_on_device = band_on_device;
     r.graph_id = graph_id;
-    return to_py(ex_->plan_for(r));
+    const dg::BucketPlan& p0 = ex_->plan_for(r);
+    return to_py(group == 0 ? p0 : ex_->plan_for(group, r.bucket, r.band));
   }
-  nb::list plans_for(int bucket) {
+  nb::list plans_for(int bucket, int group) {
     auto lk = lock();
-    nb::list l;
-    for (const dg::BucketPlan& p : ex_->plans_for(dg::BucketIndex(bucket))) l.append(to_py(p));
-    return l;
+    return to_py(ex_->plans_for(group, dg::BucketIndex(bucket)));
   }
   nb::dict plan_for_batch(int batch, int band) {
     auto lk = lock();
@@ -172,6 +175,9 @@ class PyExecutor {
   }
 
   const dg::AttentionSpec& spec() const { return spec_; }
+  /// Layer l's spec (config.layer_specs, else spec); spec past the configured layers, whose count
+  /// the library checks.
+  const dg::AttentionSpec& spec_of(std::size_t l) const { return l < layer_specs_.size() ? layer_specs_[l] : spec_; }
 
  private:
   // Serialises calls; the GIL is released while waiting, so a host callback holding the lock can
@@ -203,6 +209,7 @@ class PyExecutor {
 
   std::unique_ptr<dg::Executor> ex_;
   dg::AttentionSpec spec_;
+  std::vector<dg::AttentionSpec> layer_specs_;  // config.layer_specs: empty, or one per layer
   int max_batch_ = 0;
   int num_blocks_ = 0;
   Where where_ = Where::kHost;
@@ -222,6 +229,8 @@ PyExecutor::PyExecutor(nb::handle config, nb::handle body) {
   dg::ExecutorConfig cfg = config_from_py(config);
   spec_ = cfg.spec;
   dg::validate_spec(spec_);
+  dg::validate_layer_specs(cfg);  // before the arrays are checked against each layer's spec
+  layer_specs_ = cfg.layer_specs;
   max_batch_ = cfg.max_batch;
   dg::BackendKind kind = cfg.backend;
   if (kind == dg::BackendKind::kAuto)
@@ -268,7 +277,6 @@ dg::StepBody PyExecutor::make_body() {
 }
 
 std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::vector<LayerKeep>& keep) {
-  const dg::AttentionSpec& s = spec_;
   const std::string why = backend_why(where_);
   const std::string dtype_why = " (spec.dtype)";
   std::vector<dg::LayerBuffers> out;
@@ -277,6 +285,7 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
   for (std::size_t l = 0; l < n; ++l) {
     nb::object layer = layers[l];
     const std::string pre = "layers[" + std::to_string(l) + "].";
+    const dg::AttentionSpec& s = spec_of(l);  // each layer's arrays have its own spec's shapes
     LayerKeep& k = keep[l];
     dg::LayerBuffers lb;
     k.k_cache = import_tensor(layer.attr("k_cache"), pre + "k_cache", true);
@@ -385,9 +394,10 @@ nb::object PyExecutor::layer_view(int layer, int which) {
   if (given[which]->is_valid()) return *given[which];  // a caller buffer: the caller's own array
   void* ptr = which == 0 ? ex_->query(layer) : which == 1 ? ex_->output(layer)
             : which == 2 ? ex_->new_key(layer) : ex_->new_value(layer);
-  const std::size_t heads = which < 2 ? spec_.num_q_heads : spec_.num_kv_heads;
-  return export_view(ptr, {static_cast<std::size_t>(max_batch_), heads, static_cast<std::size_t>(spec_.head_size)},
-                     elem_of(spec_.dtype), where_, device_id_, nb::find(*this));
+  const dg::AttentionSpec& s = spec_of(static_cast<std::size_t>(layer));
+  const std::size_t heads = which < 2 ? s.num_q_heads : s.num_kv_heads;
+  return export_view(ptr, {static_cast<std::size_t>(max_batch_), heads, static_cast<std::size_t>(s.head_size)},
+                     elem_of(s.dtype), where_, device_id_, nb::find(*this));
 }
 
 nb::dict PyExecutor::host_staging() {
@@ -439,10 +449,13 @@ void bind_executor(nb::module_& m) {
       .def("new_key", [](PyExecutor& e, int l) { return e.layer_view(l, 2); }, "layer"_a)
       .def("new_value", [](PyExecutor& e, int l) { return e.layer_view(l, 3); }, "layer"_a)
       .def("host_staging", &PyExecutor::host_staging)
-      .def("plans", &PyExecutor::plans)
-      .def("plan_for", &PyExecutor::plan_for, "bucket"_a, "band"_a)
-      .def("plan_for_step", &PyExecutor::plan_for_step, "bucket"_a, "band"_a, "band_on_device"_a, "graph_id"_a)
-      .def("plans_for", &PyExecutor::plans_for, "bucket"_a)
+      .def("plans", &PyExecutor::plans, "group"_a.none() = nb::none())
+      .def("plan_for", &PyExecutor::plan_for, "bucket"_a, "band"_a, "group"_a = 0)
+      .def("layer_group", &PyExecutor::layer_group, "layer"_a)
+      .def("group_layers", &PyExecutor::group_layers, "group"_a)
+      .def("plan_for_step", &PyExecutor::plan_for_step, "bucket"_a, "band"_a, "band_on_device"_a, "graph_id"_a,
+           "group"_a = 0)
+      .def("plans_for", &PyExecutor::plans_for, "bucket"_a, "group"_a = 0)
       .def("plan_for_batch", &PyExecutor::plan_for_batch, "batch_size"_a, "band"_a)
       .def("plan_table", &PyExecutor::plan_table)
       .def("stats", &PyExecutor::stats)
@@ -450,7 +463,8 @@ void bind_executor(nb::module_& m) {
       .def_prop_ro("backend", &PyExecutor::backend)
       .def_prop_ro("band_select", &PyExecutor::band_select)
       .def_prop_ro("stream", &PyExecutor::stream)
-      .def_prop_ro("num_layers", &PyExecutor::num_layers);
+      .def_prop_ro("num_layers", &PyExecutor::num_layers)
+      .def_prop_ro("num_layer_groups", &PyExecutor::num_layer_groups);
 
   nb::class_<PyStepContext>(m, "StepContext")
       .def_prop_ro("stream", [](const PyStepContext& c) { return reinterpret_cast<uintptr_t>(c.get().stream()); })

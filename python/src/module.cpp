@@ -78,7 +78,8 @@ void bind_functions(nb::module_& m) {
       "plan_buckets",
       [](nb::handle config) {
         dg::ExecutorConfig cfg = config_from_py(config);
-        if (cfg.num_layers == 0) cfg.num_layers = 1;  // planning reads no layer
+        if (cfg.num_layers == 0)  // planning reads no layer, only one spec per layer where given
+          cfg.num_layers = cfg.layer_specs.empty() ? 1 : static_cast<int>(cfg.layer_specs.size());
         std::vector<dg::BucketPlan> plans;
         {
           nb::gil_scoped_release nogil;

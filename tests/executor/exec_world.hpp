@@ -82,7 +82,8 @@ inline std::string failing_kernel(const std::function<void()>& run, int skip) {
 }
 
 struct World {
-  AttentionSpec spec;
+  AttentionSpec spec;  // layer 0's: the config's spec, whose block size, dtype and layout every layer shares
+  std::vector<AttentionSpec> specs;  // [num_layers]: each layer's (ExecutorConfig::layer_specs when they differ)
   int num_layers = 1;
   int num_blocks = 0;
   int stride = 0;  // block-table row width of the caller's tables
@@ -96,11 +97,16 @@ struct World {
   std::vector<std::vector<int32_t>> seq_blocks;
 
   World(AttentionSpec s, int layers, int max_seqs, int max_len, uint64_t seed = 1)
-      : spec(s), num_layers(layers), rng(seed) {
+      : World(std::vector<AttentionSpec>(static_cast<std::size_t>(layers), s), max_seqs, max_len, seed) {}
+
+  /// One spec per layer: each layer's cache, q, out and new K/V follow its own.
+  World(std::vector<AttentionSpec> per_layer, int max_seqs, int max_len, uint64_t seed = 1)
+      : spec(per_layer.at(0)), specs(per_layer), num_layers(static_cast<int>(per_layer.size())), rng(seed) {
+    const AttentionSpec& s = spec;
     stride = (max_len + s.block_size - 1) / s.block_size;
     num_blocks = max_seqs * stride + 3;  // a few blocks nobody owns
-    const std::size_t elems = static_cast<std::size_t>(num_blocks) * s.block_elems();
-    for (int l = 0; l < layers; ++l) {
+    for (int l = 0; l < num_layers; ++l) {
+      const std::size_t elems = static_cast<std::size_t>(num_blocks) * specs[l].block_elems();
       k.push_back(make_buffer(s.dtype, elems));
       v.push_back(make_buffer(s.dtype, elems));
       fill_uniform(s.dtype, k.back().data(), elems, rng);
@@ -117,6 +123,7 @@ struct World {
   ExecutorConfig config(int max_batch, int max_seq_len) {
     ExecutorConfig c;
     c.spec = spec;
+    if (std::any_of(specs.begin(), specs.end(), [&](const AttentionSpec& x) { return !(x == spec); })) c.layer_specs = specs;
     c.num_layers = num_layers;
     for (int l = 0; l < num_layers; ++l) {
       LayerBuffers lb;
@@ -160,16 +167,21 @@ struct World {
     return in;
   }
 
-  std::size_t q_elems(int n) const { return static_cast<std::size_t>(n) * spec.num_q_heads * spec.head_size; }
-  std::size_t kv_elems(int n) const { return static_cast<std::size_t>(n) * spec.num_kv_heads * spec.head_size; }
+  /// Elements of n rows of layer l's q (or out) and new K (or V).
+  std::size_t q_elems(int n, int l = 0) const {
+    return static_cast<std::size_t>(n) * specs[l].num_q_heads * specs[l].head_size;
+  }
+  std::size_t kv_elems(int n, int l = 0) const {
+    return static_cast<std::size_t>(n) * specs[l].num_kv_heads * specs[l].head_size;
+  }
 
   /// Random q and new K/V for the live rows of every layer, written into the executor's buffers.
   void fill_step(Executor& ex) {
     const int n = static_cast<int>(lens.size());
     for (int l = 0; l < num_layers; ++l) {
-      fill_uniform(spec.dtype, ex.query(l), q_elems(n), rng);
-      fill_uniform(spec.dtype, ex.new_key(l), kv_elems(n), rng);
-      fill_uniform(spec.dtype, ex.new_value(l), kv_elems(n), rng);
+      fill_uniform(spec.dtype, ex.query(l), q_elems(n, l), rng);
+      fill_uniform(spec.dtype, ex.new_key(l), kv_elems(n, l), rng);
+      fill_uniform(spec.dtype, ex.new_value(l), kv_elems(n, l), rng);
     }
   }
 
@@ -177,7 +189,7 @@ struct World {
   std::vector<double> reference(int l, const void* q, const float* alibi = nullptr) const {
     const int n = static_cast<int>(lens.size());
     DecodeArgs a;
-    a.spec = spec;
+    a.spec = specs[l];
     a.num_seqs = n;
     a.max_seq_len = *std::max_element(lens.begin(), lens.end());
     a.block_table_stride = stride;
@@ -189,7 +201,7 @@ struct World {
     a.block_tables = tables.data();
     a.seq_lens = lens.data();
     a.alibi_slopes = alibi;
-    std::vector<double> ref(q_elems(n), 0.0);
+    std::vector<double> ref(q_elems(n, l), 0.0);
     reference::paged_attention(a, ref.data());
     return ref;
   }
@@ -198,11 +210,12 @@ struct World {
     const std::vector<double> ref = reference(l, ex.query(l), alibi);
     const Tol t = tol_for(spec.dtype);
     return check_close(spec.dtype, ex.output(l), ref.data(), static_cast<int>(lens.size()),
-                       spec.num_q_heads, spec.head_size, t.atol, t.rtol);
+                       specs[l].num_q_heads, specs[l].head_size, t.atol, t.rtol);
   }
 
   /// Cache element offsets of the new token of sequence i: compares K and V with new_key/new_value.
   ::testing::AssertionResult check_appended(Executor& ex, int l) const {
+    const AttentionSpec& spec = specs[l];  // this layer's heads and head size
     const int x = math::vllm_x(static_cast<int>(dtype_size(spec.dtype)));
     for (std::size_t i = 0; i < lens.size(); ++i) {
       const int64_t slot = slots[i];

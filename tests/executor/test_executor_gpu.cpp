@@ -168,8 +168,10 @@ struct GpuWorld {
   World w;
   std::vector<std::unique_ptr<DevBuf>> k, v;
   GpuWorld(AttentionSpec s, int layers, int max_seqs, int max_len, uint64_t seed)
-      : w(s, layers, max_seqs, max_len, seed) {
-    for (int l = 0; l < layers; ++l) {
+      : GpuWorld(std::vector<AttentionSpec>(static_cast<std::size_t>(layers), s), max_seqs, max_len, seed) {}
+  /// One spec per layer (ExecutorConfig::layer_specs where they differ).
+  GpuWorld(std::vector<AttentionSpec> specs, int max_seqs, int max_len, uint64_t seed) : w(specs, max_seqs, max_len, seed) {
+    for (int l = 0; l < w.num_layers; ++l) {
       k.push_back(std::make_unique<DevBuf>(w.k[l].bytes));
       v.push_back(std::make_unique<DevBuf>(w.v[l].bytes));
       upload(k.back()->p, w.k[l].data(), w.k[l].bytes);
@@ -190,8 +192,8 @@ struct GpuWorld {
   /// Drawn on the host, not with Thrust: the float64 reference reads q there.
   std::vector<std::vector<char>> write_q(Executor& ex) {
     std::vector<std::vector<char>> qs;
-    const std::size_t n = w.q_elems(static_cast<int>(w.lens.size()));
     for (int l = 0; l < w.num_layers; ++l) {
+      const std::size_t n = w.q_elems(static_cast<int>(w.lens.size()), l);
       qs.emplace_back(n * dtype_size(w.spec.dtype));
       dgtest::fill_uniform(w.spec.dtype, qs.back().data(), n, w.rng);
       upload(ex.query(l), qs.back().data(), qs.back().size());
@@ -203,8 +205,8 @@ struct GpuWorld {
     const int n = static_cast<int>(w.lens.size());
     const std::vector<double> ref = w.reference(l, q_host);
     const dgtest::Tol t = dgtest::tol_for(w.spec.dtype);
-    return dgtest::check_close_on_device(w.spec.dtype, ex.output(l), ref, n, w.spec.num_q_heads,
-                                         w.spec.head_size, t.atol, t.rtol);
+    return dgtest::check_close_on_device(w.spec.dtype, ex.output(l), ref, n, w.specs[l].num_q_heads,
+                                         w.specs[l].head_size, t.atol, t.rtol);
   }
 };
 
@@ -1108,6 +1110,85 @@ TEST(ExecutorGpu, TwoExecutorsOnTwoDevicesFromOneThread) {
     world[d].reset();
   }
   CK(cudaSetDevice(0));
+#endif
+}
+
+// ---------------------------------------------------------------- a configuration per layer (issue 17)
+
+// Four layers in two groups shaped like Gemma 4's (local: 8 KV heads of 128; global: 2 KV heads of
+// 256, its own scale, the tensor-core kernel), bf16, lengths crossing 8192, KV append on: every
+// layer against the float64 reference, and at the end every cache bitwise equal to its host copy
+// after the same appends (host::append_kv): the appended slots are exact and nothing else was
+// written. Both band choices (kDevice where the driver has SWITCH nodes), and a rebind.
+TEST(ExecutorGpu, MixedLayerGroupsMatchTheReferenceAndAppendBitwise) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  AttentionSpec local = gpu_spec();
+  local.num_q_heads = 16;
+  local.num_kv_heads = 8;
+  AttentionSpec global = local;
+  global.num_kv_heads = 2;
+  global.head_size = 256;
+  global.scale = 0.0625f;
+  const int max_len = 10240, batch = 5;
+  const std::vector<std::vector<int>> steps = {
+      {10240, 8193, 1, 4097, 600}, {8192, 8000, 17, 513, 2}, {3000, 40, 9000, 1025, 16}};
+  for (BandSelect band : {BandSelect::kHost, BandSelect::kDevice}) {
+    GpuWorld g({local, global, local, global}, batch, max_len, 211);
+    World& w = g.w;
+    ExecutorConfig c = g.config(batch, max_len);
+    c.append_kv = true;  // the host copies get the same appends below
+    c.band_select = band;
+    Executor ex(c);
+    if (band == BandSelect::kDevice && ex.band_select() != BandSelect::kDevice) {
+      std::cout << "[driver] kDevice unavailable (" << ex.stats().band_select_note << "): only kHost run\n";
+      continue;
+    }
+    ASSERT_EQ(ex.num_layer_groups(), 2);
+    for (int round = 0; round < 2; ++round) {
+      if (round == 1) ex.rebind_layers(ex.config().layers);  // every graph re-recorded, per layer group
+      for (const std::vector<int>& lens : steps) {
+        w.set_lens(lens);
+        const int n = static_cast<int>(lens.size());
+        const auto qs = g.write_q(ex);
+        for (int l = 0; l < w.num_layers; ++l) {
+          const std::size_t elems = w.kv_elems(n, l), bytes = elems * dtype_size(w.spec.dtype);
+          std::vector<char> nk(bytes), nv(bytes);
+          dgtest::fill_uniform(w.spec.dtype, nk.data(), elems, w.rng);
+          dgtest::fill_uniform(w.spec.dtype, nv.data(), elems, w.rng);
+          upload(ex.new_key(l), nk.data(), bytes);
+          upload(ex.new_value(l), nv.data(), bytes);
+          AppendArgs a;
+          a.spec = w.specs[l];
+          a.num_tokens = n;
+          a.num_blocks = w.num_blocks;
+          a.key = nk.data();
+          a.value = nv.data();
+          a.k_cache = w.k[l].data();
+          a.v_cache = w.v[l].data();
+          a.slot_mapping = a.host_slot_mapping = w.slots.data();
+          host::append_kv(a);
+        }
+        const StepResult r = ex.step(w.inputs());
+        CK(cudaStreamSynchronize(ex.stream()));
+        for (int l = 0; l < w.num_layers; ++l)
+          EXPECT_TRUE(g.check(ex, l, qs[l].data()))
+              << to_string(band) << " layer " << l << " (group " << ex.layer_group(l) << ", "
+              << to_string(ex.plan_for(ex.layer_group(l), r.bucket, r.band >= 0 ? r.band : 0).kernel) << ") len "
+              << lens[0];
+      }
+    }
+    for (int l = 0; l < w.num_layers; ++l) {
+      DevBuf hk(w.k[l].bytes), hv(w.v[l].bytes);
+      upload(hk.p, w.k[l].data(), w.k[l].bytes);
+      upload(hv.p, w.v[l].data(), w.v[l].bytes);
+      EXPECT_TRUE(dgtest::bitwise_equal_on_device(g.k[l]->p, hk.p, w.k[l].bytes)) << to_string(band) << " K cache " << l;
+      EXPECT_TRUE(dgtest::bitwise_equal_on_device(g.v[l]->p, hv.p, w.v[l].bytes)) << to_string(band) << " V cache " << l;
+    }
+    const ExecutorStats st = ex.stats();
+    EXPECT_EQ(st.rebinds, 1);
+    for (const GraphStats& gs : st.graphs) EXPECT_EQ(gs.group_kernels.size(), 2u);
+  }
 #endif
 }
 

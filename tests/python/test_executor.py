@@ -27,9 +27,10 @@ class Loop:
         slots = slots_for(tables, lens, p.spec.block_size)
         qs, keys, values = [], [], []
         for layer in range(ex.num_layers):
-            q = random_array(rng, (n, p.spec.num_q_heads, p.spec.head_size), p.dtype)
-            k = random_array(rng, (n, p.spec.num_kv_heads, p.spec.head_size), p.dtype)
-            v = random_array(rng, (n, p.spec.num_kv_heads, p.spec.head_size), p.dtype)
+            s = ex.layer_spec(layer)  # each layer's own shapes (ExecutorConfig.layer_specs)
+            q = random_array(rng, (n, s.num_q_heads, s.head_size), p.dtype)
+            k = random_array(rng, (n, s.num_kv_heads, s.head_size), p.dtype)
+            v = random_array(rng, (n, s.num_kv_heads, s.head_size), p.dtype)
             ex.query(layer)[:n] = q
             ex.new_key(layer)[:n] = k
             ex.new_value(layer)[:n] = v
@@ -42,7 +43,8 @@ class Loop:
                 lb = ex.config.layers[layer]
                 np.testing.assert_array_equal(lb.k_cache.view(np.uint8), kc.view(np.uint8), "K after append")
                 np.testing.assert_array_equal(lb.v_cache.view(np.uint8), vc.view(np.uint8), "V after append")
-                want = ref.attention(qs[layer], kc, vc, tables, lens, p.layout, p.spec.block_size)
+                want = ref.attention(qs[layer], kc, vc, tables, lens, p.layout, p.spec.block_size,
+                                     scale=ex.layer_spec(layer).scale)
                 ref.check_close(ex.output(layer)[:n], want, p.dtype, f"layer {layer}")
         return result
 
@@ -272,3 +274,49 @@ def test_rebind_layers(rng):
     assert ex.config.layers[0].k_cache is new[0].k_cache and ex.stats().rebinds == 1
     loop.model = [(new[0].k_cache.copy(), new[0].v_cache.copy())]
     loop.step([21, 41], p.block_tables)  # against the new caches
+
+
+def test_layer_specs_two_groups(rng):
+    # Two layer kinds (as Gemma 4's local and global layers: fewer, wider KV heads and their own
+    # scale); each layer's arrays have its own spec's shapes, each layer group its own plans.
+    p = make_problem(rng, dtype="fp32", layout="vllm", hq=8, hkv=4, d=64, bs=16, lens=[1, 300, 700, 1024])
+    local = p.spec
+    wide = dg.AttentionSpec(num_q_heads=8, num_kv_heads=1, head_size=128, block_size=16, dtype="fp32", scale=0.05)
+    specs = [local, wide, local, wide]
+    layers = [dg.LayerBuffers(random_array(rng, s.k_cache_shape(p.num_blocks), "fp32"),
+                              random_array(rng, s.v_cache_shape(p.num_blocks), "fp32")) for s in specs]
+    ex = dg.Executor(spec=local, layer_specs=specs, layers=layers, max_batch=4, max_seq_len=1024,
+                     v2_threshold=512, backend="host", band_select="host")
+    assert ex.num_layer_groups == 2
+    assert [ex.layer_group(layer) for layer in range(4)] == [0, 1, 0, 1]
+    assert ex.group_layers(1) == [1, 3]
+    assert ex.layer_spec(3).head_size == 128 and ex.query(1).shape == (4, 8, 128) and ex.new_key(1).shape == (4, 1, 128)
+    assert len(ex.plans()) == 2 * len(ex.plans(0)) and all(pl.group == 1 for pl in ex.plans(1))
+    assert ex.plans(1)[0].grid[1] == 1 and ex.plans(0)[0].grid[1] == 4  # one block per (sequence, KV head)
+    assert "layer group 1: 2 layers (1, 3)" in ex.plan_table()
+    loop = Loop(ex, p, rng)
+    kernels = {0: [], 1: []}
+    for lens in ([1, 300, 700, 1024], [2, 301, 512, 513], [16, 17]):
+        r = loop.step(lens, p.block_tables[:len(lens)])
+        for g in (0, 1):
+            kernels[g].append(ex.plan_for(r, group=g).kernel)
+        assert ex.plan_for(r, group=1).group == 1
+    st = ex.stats()
+    for g in (0, 1):
+        for kind in (dg.KernelKind.V1, dg.KernelKind.V2):
+            assert st.replays(kind, g) == kernels[g].count(kind)
+    assert all(len(gs.group_kernels) == 2 for gs in st.graphs)
+    # planning alone, no layers: one plan per group and cell
+    plans = dg.plan_buckets(dg.ExecutorConfig(spec=local, layer_specs=specs, max_batch=4, max_seq_len=1024))
+    assert {pl.group for pl in plans} == {0, 1}
+
+    # Bad input names the parameter.
+    with pytest.raises(dg.InvalidArgument, match=r"layer_specs.size\(\) = 3 is invalid"):
+        dg.Executor(spec=local, layer_specs=specs[:3], layers=layers, backend="host")
+    with pytest.raises(dg.InvalidArgument, match=r"layer_specs\[1\].block_size = 32"):
+        bad = dataclasses.replace(wide, block_size=32)
+        dg.Executor(spec=local, layer_specs=[local, bad, local, wide], layers=layers, backend="host")
+    with pytest.raises(dg.InvalidArgument, match=r"layers\[1\].k_cache"):  # layer 1 given a cache of layer 0's shape
+        dg.Executor(spec=local, layer_specs=specs, layers=[layers[0], layers[0], layers[2], layers[3]], backend="host")
+    with pytest.raises(dg.InvalidArgument, match="group = 2"):
+        ex.plans(2)
