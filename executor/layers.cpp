@@ -32,7 +32,7 @@ void LayerSet::check_layer(int layer) const {
 void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const {
   const std::size_t esize = dtype_size(cfg_.spec.dtype);
   const std::size_t need_cache = cache_bytes_needed(cfg_);
-  const std::size_t block_bytes = cfg_.spec.block_elems() * esize;
+  const std::size_t block_bytes = cfg_.spec.block_bytes();
   const int64_t q_row = static_cast<int64_t>(cfg_.spec.num_q_heads) * cfg_.spec.head_size;
   const int64_t kv_row = static_cast<int64_t>(cfg_.spec.num_kv_heads) * cfg_.spec.head_size;
   // Rows of a strided buffer: the last one starts (max_batch - 1) strides in.
@@ -68,6 +68,12 @@ void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const
     check(lb.out, "out", ob, rows_text(ob));
     check(lb.new_key, "new_key", kb, rows_text(kb));
     check(lb.new_value, "new_value", vb, rows_text(vb));
+    if (cfg_.spec.fp8_kv()) {
+      const std::size_t sb = sizeof(float) * static_cast<std::size_t>(cfg_.spec.kv_scale_count());
+      const std::string st = "at least " + std::to_string(sb) + " bytes (spec.kv_scale_count() fp32 values)";
+      check(lb.k_scale, "k_scale", sb, st);
+      check(lb.v_scale, "v_scale", sb, st);
+    }
   }
 }
 

@@ -7,16 +7,19 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <cstdio>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
 #include "executor/cost_model.hpp"
+#include "executor/log.hpp"
 #include "kernels/decode_policy.hpp"
 #include "kernels/merge_policy.hpp"
 #include "kernels/occupancy.hpp"
@@ -228,7 +231,7 @@ ExecutorConfig resolve_planning(ExecutorConfig c) {
 }
 
 std::size_t cache_bytes_needed(const ExecutorConfig& c) {
-  return static_cast<std::size_t>(c.num_blocks) * c.spec.block_elems() * dtype_size(c.spec.dtype);
+  return static_cast<std::size_t>(c.num_blocks) * c.spec.block_bytes();
 }
 
 void check_layer_buffers(const std::vector<LayerBuffers>& layers, const ExecutorConfig& c) {
@@ -238,6 +241,14 @@ void check_layer_buffers(const std::vector<LayerBuffers>& layers, const Executor
     const std::string p = "layers[" + std::to_string(l) + "]";
     require(layers[l].k_cache != nullptr, p + ".k_cache", "null", "a KV cache pointer");
     require(layers[l].v_cache != nullptr, p + ".v_cache", "null", "a KV cache pointer");
+    if (c.spec.fp8_kv()) {
+      const std::string allowed = "a pointer to " + std::to_string(c.spec.kv_scale_count()) +
+                                  " fp32 value(s) aligned to 4 bytes (required with kv_dtype " +
+                                  to_string(c.spec.kv_dtype) + ")";
+      for (auto [ptr, name] : {std::pair{layers[l].k_scale, ".k_scale"}, std::pair{layers[l].v_scale, ".v_scale"}})
+        require(ptr != nullptr && reinterpret_cast<std::uintptr_t>(ptr) % alignof(float) == 0, p + name,
+                ptr == nullptr ? std::string("null") : ptr_text(ptr), allowed);
+    }
   }
   if (c.num_blocks < 1) return;  // reported by the caller's own check, with its message
   const std::size_t esize = dtype_size(c.spec.dtype);
@@ -246,7 +257,7 @@ void check_layer_buffers(const std::vector<LayerBuffers>& layers, const Executor
   const int64_t kv_row = static_cast<int64_t>(c.spec.num_kv_heads) * c.spec.head_size;
   const std::size_t need = cache_bytes_needed(c);
   const std::string need_text = "at least num_blocks x block bytes = " + std::to_string(c.num_blocks) + " x " +
-                                std::to_string(c.spec.block_elems() * esize) + " = " + std::to_string(need) +
+                                std::to_string(c.spec.block_bytes()) + " = " + std::to_string(need) +
                                 " bytes";
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerBuffers& lb = layers[l];

@@ -14,6 +14,10 @@ namespace decodegraph::detail {
 V2WorkspaceLayout validate_v2_args(const DecodeArgs& args, int partition_size, const void* workspace,
                                    std::size_t workspace_bytes);
 
+/// fp8 caches: every value behind k_scale and v_scale (host pointers, spec.kv_scale_count() each) is
+/// finite and > 0, else InvalidArgument naming it. Nothing for kv_dtype auto.
+void check_host_scales(const AttentionSpec& spec, const float* k_scale, const float* v_scale);
+
 /// Elements between consecutive sequences' rows of q / out, and tokens' rows of key / value:
 /// the stride given, or one packed row when it is 0.
 inline int64_t q_row_stride(const DecodeArgs& a) {

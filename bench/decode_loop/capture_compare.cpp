@@ -90,11 +90,16 @@ std::vector<CaptureCost> plan_only_capture_costs(const dg::ExecutorConfig& cfg, 
   ec.backend = dg::BackendKind::kHost;
   ec.num_blocks = 1;
   ec.num_layers = layers;
-  const std::size_t block_bytes = cfg.spec.block_elems() * dg::dtype_size(cfg.spec.dtype);
+  const std::size_t block_bytes = cfg.spec.block_bytes();
+  const std::vector<float> scales(static_cast<std::size_t>(cfg.spec.kv_scale_count()), 1.0f);  // fp8: required
   std::vector<Buffer> caches;
   caches.reserve(2 * static_cast<std::size_t>(layers));  // the executor holds their addresses: never moved
   for (int l = 0; l < 2 * layers; ++l) caches.emplace_back(false, block_bytes);
-  for (int l = 0; l < layers; ++l) ec.layers.push_back(dg::LayerBuffers{caches[2 * l].get(), caches[2 * l + 1].get()});
+  for (int l = 0; l < layers; ++l) {
+    dg::LayerBuffers lb{caches[2 * l].get(), caches[2 * l + 1].get()};
+    if (cfg.spec.fp8_kv()) lb.k_scale = lb.v_scale = scales.data();
+    ec.layers.push_back(lb);
+  }
   return capture_costs(ec);
 }
 

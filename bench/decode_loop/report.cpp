@@ -29,12 +29,14 @@ std::string run_header(const Setup& s) {
     for (const auto& d : s.defaults_used) h += fmt::format(" {};", d);
     h += "\n";
   }
-  h += fmt::format("shape: {} q heads, {} kv heads, head {}, block {}, {}, layout {}; batch {}, {} layers, {} steps "
-                   "x {} segments\n",
+  h += fmt::format("shape: {} q heads, {} kv heads, head {}, block {}, {}, kv {}, layout {}; batch {}, {} layers, {} "
+                   "steps x {} segments\n",
                    spec.num_q_heads, spec.num_kv_heads, spec.head_size, spec.block_size, dg::to_string(spec.dtype),
-                   dg::to_string(spec.layout), s.opt.batch, s.opt.layers, s.opt.steps, s.segments.size());
-  h += fmt::format("KV cache: {} blocks x {} layers = {}\n\n", s.geo.num_blocks, s.opt.layers,
-                   dgbench::format_bytes(2.0 * static_cast<double>(s.geo.cache_elems * s.geo.esize) * s.opt.layers));
+                   dg::to_string(spec.kv_dtype), dg::to_string(spec.layout), s.opt.batch, s.opt.layers, s.opt.steps,
+                   s.segments.size());
+  h += fmt::format("KV cache: {} blocks x {} layers = {}{}\n\n", s.geo.num_blocks, s.opt.layers,
+                   dgbench::format_bytes(2.0 * static_cast<double>(s.geo.cache_elems * s.geo.kv_esize) * s.opt.layers),
+                   spec.fp8_kv() ? " (fp8 codes, scales 1/256)" : "");
   return h;
 }
 

@@ -14,14 +14,23 @@ namespace dgloop {
 Caches::Caches(const Setup& s) {
   const Geometry& g = s.geo;
   for (int l = 0; l < s.opt.layers; ++l) {
-    k.emplace_back(s.gpu, g.cache_elems * g.esize);
-    v.emplace_back(s.gpu, g.cache_elems * g.esize);
+    k.emplace_back(s.gpu, g.cache_elems * g.kv_esize);
+    v.emplace_back(s.gpu, g.cache_elems * g.kv_esize);
     eager_out.emplace_back(s.gpu, g.qo_elems * g.esize);
   }
   const BackendOps ops{s.gpu, nullptr};
   for (int l = 0; l < s.opt.layers; ++l) {
-    ops.fill(s.spec.dtype, k[l].get(), g.cache_elems, s.opt.seed * 1000 + 2 * l);
-    ops.fill(s.spec.dtype, v[l].get(), g.cache_elems, s.opt.seed * 1000 + 2 * l + 1);
+    ops.fill_kv(s.spec, k[l].get(), g.cache_elems, s.opt.seed * 1000 + 2 * l);
+    ops.fill_kv(s.spec, v[l].get(), g.cache_elems, s.opt.seed * 1000 + 2 * l + 1);
+  }
+  if (s.spec.fp8_kv()) {
+    const std::vector<float> scales(static_cast<std::size_t>(s.spec.kv_scale_count()), dgbench::kFillKvScale);
+    for (int l = 0; l < s.opt.layers; ++l) {
+      for (std::vector<Buffer>* b : {&k_scale, &v_scale}) {
+        b->emplace_back(s.gpu, scales.size() * sizeof(float));
+        ops.to_device_async(b->back().get(), scales.data(), scales.size() * sizeof(float));
+      }
+    }
   }
   ops.sync_device();
 }
@@ -33,6 +42,8 @@ dg::ExecutorConfig run_config(const Setup& s, const Caches& caches) {
     dg::LayerBuffers lb;
     lb.k_cache = caches.k[l].get();
     lb.v_cache = caches.v[l].get();
+    lb.k_scale = caches.k_scale_of(l);
+    lb.v_scale = caches.v_scale_of(l);
     cfg.layers.push_back(lb);
   }
   cfg.num_blocks = s.geo.num_blocks;
@@ -192,6 +203,8 @@ class DecodeLoop {
     ap.k_cache = caches_.k[l].get();
     ap.v_cache = caches_.v[l].get();
     ap.slot_mapping = static_cast<const int64_t*>(d_slots_.get());
+    ap.k_scale = caches_.k_scale_of(l);
+    ap.v_scale = caches_.v_scale_of(l);
     // max_len: what an eager caller knows; the graph uses its band's upper edge.
     dg::DecodeArgs a = decode_args(l, max_len, caches_.eager_out[l].get(),
                                    static_cast<const int32_t*>(d_tables_.get()),
@@ -223,6 +236,8 @@ class DecodeLoop {
     a.v_cache = caches_.v[l].get();
     a.block_tables = tables;
     a.seq_lens = lens;
+    a.k_scale = caches_.k_scale_of(l);  // host memory on the host backend (the reference reads them)
+    a.v_scale = caches_.v_scale_of(l);
     return a;
   }
 

@@ -46,7 +46,12 @@ dg::AttentionSpec spec_of(const Options& o) {
   if (o.block_size) spec.block_size = o.block_size;
   if (!o.dtype.empty()) spec.dtype = dg::parse_dtype(o.dtype);
   if (!o.layout.empty()) spec.layout = dg::parse_layout(o.layout);
-  dg::validate_spec(spec);
+  if (!o.kv_dtype.empty()) spec.kv_dtype = dg::parse_kv_cache_dtype(o.kv_dtype);
+  try {
+    dg::validate_spec(spec);
+  } catch (const dg::InvalidArgument& e) {
+    usage_error(e.what());  // e.g. --dtype fp32 with --kv-dtype fp8
+  }
   return spec;
 }
 
@@ -74,6 +79,7 @@ Geometry geometry_of(const Setup& s, long long max_blocks) {
   g.num_blocks = static_cast<int>(std::max<long long>(1, max_blocks));
   g.width = (s.opt.max_seq_len + s.spec.block_size - 1) / s.spec.block_size;
   g.esize = dg::dtype_size(s.spec.dtype);
+  g.kv_esize = s.spec.kv_elem_size();
   g.cache_elems = static_cast<std::size_t>(g.num_blocks) * s.spec.block_elems();
   g.qo_elems = static_cast<std::size_t>(s.opt.batch) * s.spec.num_q_heads * s.spec.head_size;
   g.kv_row_elems = static_cast<std::size_t>(s.opt.batch) * s.spec.num_kv_heads * s.spec.head_size;

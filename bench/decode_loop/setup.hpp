@@ -24,7 +24,8 @@ std::vector<Segment> parse_segments(const std::string& text, int batch);
 struct Geometry {
   int num_blocks = 0;  // blocks per layer's cache: enough for the segment that needs the most
   int width = 0;       // block-table row width
-  std::size_t esize = 0;         // bytes of one element of the dtype
+  std::size_t esize = 0;         // bytes of one element of the dtype (q, out, new K / V)
+  std::size_t kv_esize = 0;      // bytes of one element of the KV cache (1 for fp8)
   std::size_t cache_elems = 0;   // one layer's K (or V) cache
   std::size_t qo_elems = 0;      // one layer's q (or out): batch x q heads x head size
   std::size_t kv_row_elems = 0;  // one layer's new K (or V): batch x kv heads x head size

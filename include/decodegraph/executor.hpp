@@ -226,6 +226,14 @@ struct LayerBuffers {
   /// and checks that, given or not; the host backend can only check what is given here.
   std::size_t k_cache_bytes = 0;
   std::size_t v_cache_bytes = 0;
+  /// fp8 caches (spec.kv_dtype): the layer's dequantisation scales, fp32 [spec.kv_scale_count()]
+  /// (one value, or one per KV head) in device memory (host memory on the host backend) that the
+  /// caller owns and keeps in place like the caches; required there, ignored for kv_dtype auto.
+  /// The kernels read them each time they run, so new values written between two steps (a
+  /// recalibration) apply from the next step on, with no recapture; the appends quantise with them
+  /// too (attention.hpp). rebind_layers may point them elsewhere.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
 };
 
 struct ExecutorConfig {
