@@ -4,8 +4,9 @@
 // What is timed: the wall time of one step() call, from entry to return, per iteration (manual
 // timing; the counter us_per_step is the median); with inputs:host_staging also the host_staging()
 // call before it, which an engine makes every step. On CUDA the stream is drained before every
-// step, outside the timed region: step() waits for the previous step's staging copies before it
-// rewrites the pinned mirrors, and back to back that wait would time the device, not the host.
+// step, outside the timed region: before it rewrites a pinned staging slot step() waits for the
+// copies that last read it (two steps back: the slots are used in turn), and back to back, once the
+// device falls behind, that wait would time the device, not the host.
 //
 // Modes (the name's body: axis):
 //   body:empty      a step body that enqueues nothing. The graph is empty, so what remains is exactly
@@ -114,6 +115,7 @@ std::unique_ptr<StepRig> make_rig(dg::BackendKind backend, bool empty_body, dg::
   cfg.spec = rig->spec;
   cfg.num_layers = 1;
   cfg.layers.push_back({rig->alloc(cache_bytes, shared ? 0 : 11), rig->alloc(cache_bytes, shared ? 0 : 12)});
+  cfg.layers.back().k_cache_bytes = cfg.layers.back().v_cache_bytes = cache_bytes;  // the host backend cannot ask
   cfg.max_batch = 256;
   cfg.max_seq_len = kLongContext;
   cfg.num_blocks = rig->num_blocks;
@@ -217,9 +219,9 @@ void BM_StepBody(benchmark::State& state, dg::BackendKind backend, bool empty_bo
   std::vector<double> us;  // every sample: the median must not depend on when a run was cut off
   long n = 0;
   for (auto _ : state) {
-    // CUDA: step() first waits (event) until the previous step's staging copies have read the
-    // pinned mirrors. Back to back, that wait would time the device's copy latency, not the host
-    // cost, so the stream is drained before every step, outside the timed region.
+    // CUDA: step() first waits (event) until the copies that last read its pinned staging slot are
+    // done. Back to back, that wait would time the device's copy latency, not the host cost, so the
+    // stream is drained before every step, outside the timed region.
     if (rig->device) drain(*rig);
     const auto t0 = Clock::now();
     if (staged) benchmark::DoNotOptimize(rig->ex->host_staging());

@@ -150,6 +150,17 @@ if ((built)); then
     loud+=("dg_executor_tests not found: whether SWITCH graphs are in use is unknown")
   fi
 
+  # Issue 20's engine paths, their output kept: step() inside the caller's own stream capture (both
+  # band choices, replayed across a band edge) and two executors on two devices from one thread
+  # (skipped, and reported so, with fewer than 2 devices).
+  if [[ -n $exec_bin ]]; then
+    run_stage engine-capture-and-devices "$out/engine_capture_and_devices.log" 60 "$exec_bin" \
+      --gtest_filter='ExecutorGpu.StepInsideTheCallersCapture*:ExecutorGpu.TwoExecutorsOnTwoDevicesFromOneThread'
+    if grep -q 'SKIPPED \] ExecutorGpu.TwoExecutorsOnTwoDevicesFromOneThread' "$out/engine_capture_and_devices.log"; then
+      note two-devices SKIP 0 "fewer than 2 CUDA devices: the multi-device check did not run"
+    fi
+  fi
+
   # compute-sanitizer on small subsets (where the tool exists)
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   kern_bin=$(bin dg_gpu_kernel_tests tests/gpu)

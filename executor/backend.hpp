@@ -48,6 +48,10 @@ struct AddressRange {
   std::size_t bytes_from_ptr = 0;
 };
 
+/// Pinned host mirrors of the staged inputs (staging_ring.hpp): the host may stage a step while the
+/// copies of the two before it are still in flight.
+inline constexpr int kStagingSlots = 3;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -58,14 +62,30 @@ class Backend {
   /// the SM count and the pass-1 kernel's occupancy; the host backend models an H200.
   virtual DeviceModel device_model(const AttentionSpec& spec) const = 0;
 
+  // ------------------------------------------------------------ the executor's device
+  /// Makes the executor's device current for an entry point and returns the device that was current
+  /// before, for leave_device (device_guard.hpp's DeviceScope pairs them). CUDA: the device current
+  /// at construction; cudaGetDevice, and cudaSetDevice only where they differ. Host: counts the
+  /// entry, and every operation below counts whether it ran inside one (device_guard.hpp).
+  virtual int enter_device() = 0;
+  /// Makes `previous` current again. Never throws (a failure is logged and cleared).
+  virtual void leave_device(int previous) noexcept = 0;
+
   // ------------------------------------------------------------ the step's stream
   /// Makes `s` (nullopt: the backend's own stream) the stream that staging, downloads, launches and
   /// timing use until end_step(), and orders it after the previous step's work when the stream
   /// changed. Every begin_step is followed by end_step, also when the step fails.
+  /// When `s` is being captured by the caller (an engine capturing its forward pass), the step is
+  /// recorded into that capture instead (in_caller_capture()): nothing is ordered, nothing waits.
+  /// Throws InvalidArgument for a stream whose capture was invalidated, or the legacy stream while
+  /// another stream of the thread is being captured.
   virtual void begin_step(std::optional<Stream> s) = 0;
   /// Marks the end of the step's work on its stream (what the next step, wait_last_step and the
-  /// destructor order after). Never throws.
+  /// destructor order after; nothing after a step recorded into a caller's capture). Never throws.
   virtual void end_step() noexcept = 0;
+  /// Between begin_step and end_step: the step's stream is being captured by the caller, so what the
+  /// step enqueues (staging, and the work begin_caller_capture records) goes into the caller's graph.
+  virtual bool in_caller_capture() const = 0;
   /// Blocks until the last step's work has finished (CUDA: an event, which stays valid even if the
   /// caller's stream is destroyed meanwhile).
   virtual void wait_last_step() = 0;
@@ -88,10 +108,14 @@ class Backend {
                         std::size_t width, std::size_t rows, MemorySpace space) = 0;
   /// Staging: byte fill of executor memory, ordered on the step's stream.
   virtual void stage_fill(void* dst, int byte, std::size_t bytes) = 0;
-  /// Blocks until the previous step's staging copies have read the host mirror (CUDA: event wait).
-  virtual void wait_staging_reusable() = 0;
-  /// Marks the end of this step's staging copies (CUDA: records the event on the step's stream).
-  virtual void staging_done() = 0;
+  /// Blocks until the last staging copies that read pinned mirror slot `slot` (0..kStagingSlots-1,
+  /// staging_ring.hpp) have read it (CUDA: that slot's event).
+  virtual void wait_staging_reusable(int slot) = 0;
+  /// Marks the end of the staging copies reading slot `slot` (CUDA: records its event on the step's stream).
+  virtual void staging_done(int slot) = 0;
+  /// Whether the copies that last read slot `slot` are done, without waiting (CUDA: cudaEventQuery).
+  /// Host: true (its copies are synchronous) unless a test holds them (host_staging_copies_pending).
+  virtual bool staging_reusable_now(int slot) = 0;
   /// What the backend can tell about the allocation behind `p` (CUDA: the driver's address range).
   virtual AddressRange address_range(const void* p) const = 0;
 
@@ -117,6 +141,15 @@ class Backend {
   }
   /// Ends a capture that is being abandoned (an exception escaped); never throws.
   virtual void abort_capture() noexcept = 0;
+  /// Records the ops that follow (and band_select / SWITCH nodes, as in a capture of ours) into the
+  /// caller's capture of the step's stream (in_caller_capture() must hold). end_caller_capture
+  /// finishes our part (CUDA: writes the SWITCH handles into the band-select node) and leaves the
+  /// caller's capture open; abort_capture() abandons our part, what was recorded stays in theirs.
+  virtual void begin_caller_capture() = 0;
+  virtual void end_caller_capture() = 0;
+  /// The stream a capture in progress records on, for a step body's own work: the own stream, or
+  /// the caller's while recording into its capture (nullptr on host).
+  virtual Stream capture_stream() const = 0;
   virtual void launch(BackendGraph& g) = 0;  // kGraphLaunch, on the step's stream
   /// Launches `g` once to warm up, then `replays` times, and returns the microseconds per replay
   /// (CUDA: events on the step's stream; host: the wall clock). Refused during a capture.

@@ -1,12 +1,50 @@
-// The delayed bad-block report (bad_block.hpp).
+// The delayed report of clamped block ids and skipped slots (bad_block.hpp).
 #include "executor/bad_block.hpp"
 
 #include <climits>
 #include <string>
 
 #include "decodegraph/error.hpp"
+#include "kernels/append_report.hpp"
 
-namespace decodegraph::detail {
+namespace decodegraph {
+
+const char* to_string(CorruptedStepReport::Kind kind) {
+  switch (kind) {
+    case CorruptedStepReport::Kind::kBadBlockId: return "bad_block_id";
+    case CorruptedStepReport::Kind::kSlotMismatch: return "slot_mismatch";
+    case CorruptedStepReport::Kind::kSlotPastCache: return "slot_past_cache";
+  }
+  return "unknown";
+}
+
+namespace detail {
+namespace {
+
+using Kind = CorruptedStepReport::Kind;
+
+/// What a non-zero flag value says: positive, a pass-1 kernel's clamped block id (flat table entry
+/// + 1, INT_MAX past that); negative, the append's skipped slot (kernels/append_report.hpp).
+struct Decoded {
+  Kind kind = Kind::kBadBlockId;
+  int sequence = -1;  // -1: not recorded
+  int column = -1;
+};
+
+Decoded decode(int v, int stride) {
+  Decoded d;
+  if (v < 0) {
+    d.kind = kernels::append_report_kind(v) == kernels::AppendReport::kSlotPastCache ? Kind::kSlotPastCache
+                                                                                     : Kind::kSlotMismatch;
+    d.sequence = kernels::append_report_token(v);
+  } else if (v != INT_MAX) {
+    d.sequence = (v - 1) / stride;
+    d.column = (v - 1) % stride;
+  }
+  return d;
+}
+
+}  // namespace
 
 BadBlockReport::BadBlockReport(const ExecutorConfig& config, Backend& backend, Allocations& memory)
     : cfg_(config), backend_(backend) {
@@ -16,9 +54,9 @@ BadBlockReport::BadBlockReport(const ExecutorConfig& config, Backend& backend, A
 }
 
 // The pinned flag is read without a CUDA call: a 4-byte aligned DMA write is seen whole or not at
-// all, and the flag only goes from 0 to a reported entry until it is reset here. Resetting waits
-// for the last step first, so no graph still in flight can copy the old value back afterwards.
-void BadBlockReport::report(bool wait, long long steps) {
+// all, and the flag only goes from 0 to a report until it is reset here. Resetting waits for the
+// last step first, so no graph still in flight can copy the old value back afterwards.
+void BadBlockReport::report(bool wait, long long steps, bool from_step) {
   if (wait) backend_.wait_last_step();
   if (*static_cast<volatile int*>(flag_h_) == 0) {
     if (wait) reported_through_ = steps;
@@ -32,22 +70,45 @@ void BadBlockReport::report(bool wait, long long steps) {
   ++reports_;
   const long long from = reported_through_ + 1;
   reported_through_ = steps;
-  const std::string when = from == steps ? "step " + std::to_string(steps)
-                                         : "one of steps " + std::to_string(from) + ".." + std::to_string(steps) +
-                                               ", those since the last report";
-  std::string entry = "inputs.block_tables (an entry past index INT_MAX)";
-  std::string seq = "one sequence";
-  if (v != INT_MAX) {
-    const int flat = v - 1;
-    const int stride = cfg_.max_blocks_per_seq;
-    entry = "inputs.block_tables[" + std::to_string(flat / stride) + "][" + std::to_string(flat % stride) + "]";
-    seq = "sequence " + std::to_string(flat / stride);
+  const Decoded d = decode(v, cfg_.max_blocks_per_seq);
+  const std::string seq = d.sequence >= 0 ? "sequence " + std::to_string(d.sequence) : "one sequence (not recorded)";
+  const std::string row = d.sequence >= 0 ? std::to_string(d.sequence) : "?";
+  const std::string when =
+      from == steps ? "step " + std::to_string(steps)
+                    : "one of steps " + std::to_string(from) + ".." + std::to_string(steps) + " (those since the last report)";
+  std::string what;
+  std::string damage;
+  switch (d.kind) {
+    case Kind::kBadBlockId:
+      what = (d.sequence >= 0 ? "inputs.block_tables[" + row + "][" + std::to_string(d.column) + "]"
+                              : std::string("inputs.block_tables (an entry past index INT_MAX)")) +
+             " was outside 0..num_blocks-1 = 0.." + std::to_string(cfg_.num_blocks - 1) +
+             ": the kernels clamped it into the cache";
+      damage = "its attention output at that step is wrong (the token generated from it too)";
+      break;
+    case Kind::kSlotMismatch:
+      what = "inputs.slot_mapping[" + row +
+             "] was not the slot of position seq_len - 1 under its block-table row (seq_lens counts the token "
+             "appended this step; a slot of position seq_len, or lengths counted before the append, do this): "
+             "the append skipped it";
+      damage = "its new K/V was not written, so that step's output and every later one read a stale slot";
+      break;
+    case Kind::kSlotPastCache:
+      what = "inputs.slot_mapping[" + row + "] was at or past num_blocks * block_size = " +
+             std::to_string(static_cast<long long>(cfg_.num_blocks) * cfg_.spec.block_size) + ": the append skipped it";
+      damage = "its new K/V was not written, so that step's output and every later one read a stale slot";
+      break;
   }
-  throw InvalidArgument(entry + " = (value not recorded) is invalid; allowed: 0..num_blocks-1 = 0.." +
-                        std::to_string(cfg_.num_blocks - 1) + ". A previous step (" + when +
-                        ") read this block id: ValidationLevel::kCheap leaves block ids to "
-                        "the caller, and the kernels clamped it into the cache, so that step's output for " + seq +
-                        " is wrong. Reported once; the executor is usable and the next step runs.");
+  const std::string todo = from_step ? " This step() ran nothing: submit its inputs again." : "";
+  throw CorruptedStepReport(
+      "corrupted step report (" + std::string(to_string(d.kind)) + ", " + seq + ", " + when + "): " + what +
+          ". ValidationLevel::kCheap leaves block ids and slots to the caller and the kernels found this one "
+          "while the step ran; for " + seq + " of that step " + damage + ". Re-prefill " + seq +
+          " (drop what it generated since) before decoding it further; the other sequences are unaffected." +
+          todo + " Only the first such mistake is recorded; kFull would have rejected the step up front. "
+          "Reported once; the executor is usable.",
+      d.kind, from, steps, from_step, d.sequence, d.column);
 }
 
-}  // namespace decodegraph::detail
+}  // namespace detail
+}  // namespace decodegraph

@@ -1,7 +1,9 @@
-// The delayed bad-block report (internal). Under ValidationLevel::kCheap block ids are not read on
-// the host: the kernels clamp an id outside [0, num_blocks) and record the first one in a device int
-// (DecodeArgs::bad_block). Each graph ends with a copy of that int into pinned memory, which the
-// next step() or check_errors() reads without a CUDA call and turns into an InvalidArgument.
+// The delayed report (internal). Under ValidationLevel::kCheap block ids and slots are not read on
+// the host: the attention kernels clamp an id outside [0, num_blocks) and the append skips a slot
+// that is past the cache or not that of its position, and the first of either is recorded in one
+// device int (DecodeArgs::bad_block: positive codes; AppendArgs::bad_slot: negative ones, see
+// kernels/append_report.hpp). Each graph ends with a copy of that int into pinned memory, which the
+// next step() or check_errors() reads without a CUDA call and turns into a CorruptedStepReport.
 #pragma once
 
 #include <cstddef>
@@ -22,10 +24,11 @@ class BadBlockReport {
   /// pinned copy each graph writes last.
   int* device_flag() const { return flag_; }
   int* host_copy() const { return flag_h_; }
-  /// Throws InvalidArgument, and clears the report, if a step since the last report read a bad id.
-  /// `wait`: wait for the last step first (check_errors); otherwise only read what has landed, and
-  /// wait only when there is something to report. `steps`: the steps run so far.
-  void report(bool wait, long long steps);
+  /// Throws CorruptedStepReport, and clears the report, if a step since the last report read a bad
+  /// id or skipped a slot. `wait`: wait for the last step first (check_errors); otherwise only read
+  /// what has landed, and wait only when there is something to report. `steps`: the steps run so
+  /// far. `from_step`: step() asks, and runs nothing when this throws.
+  void report(bool wait, long long steps, bool from_step);
   long long reports() const { return reports_; }
 
  private:

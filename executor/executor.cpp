@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "decodegraph/error.hpp"
+#include "executor/device_guard.hpp"
 #include "executor/executor_impl.hpp"
 #include "executor/log.hpp"
 #include "executor/nvtx.hpp"
@@ -35,6 +36,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   Impl& m = *impl_;
   m.log = detail::executor_logger(config.log_level);
   m.make_backend(config.backend);
+  detail::DeviceScope device{*m.backend};  // device_guard.hpp: every entry point below binds it too
   const BackendKind kind = m.backend->kind();
   // The device model is queried here, once, outside any capture.
   m.cfg = detail::resolve_config(std::move(config),
@@ -44,6 +46,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.ledger.budget = m.cfg.memory_budget_bytes;
   m.layers = std::make_unique<detail::LayerSet>(m.cfg, *m.backend, *m.memory, m.ledger);
   m.layers->check_device_ranges(m.cfg.layers);
+  m.layers->warn_missing_cache_sizes(m.cfg.layers, *m.log);
   // Band choice: the probe runs once here, outside any capture; a missing feature is a fallback.
   m.band_mode = detail::choose_band_select(m.cfg, *m.backend, *m.log, m.band_note);
   m.plans = std::make_unique<detail::PlanBook>(m.cfg);
@@ -125,20 +128,33 @@ StepResult Executor::step(const StepInputs& inputs, Stream stream) { return impl
 
 StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> stream) {
   detail::NvtxRange range("decodegraph::step");
+  detail::DeviceScope device{*backend};
   StepResult r;
   try {
-    bad_blocks->report(/*wait=*/false, steps);
     detail::EndStep end{backend.get()};
     backend->begin_step(stream);
+    // On a stream the caller is capturing (caller_capture.cpp) nothing may read the inputs back or
+    // wait: what cannot be recorded is refused first, and the bad-block report (which may wait)
+    // is left to the next step outside the capture or to check_errors().
+    const bool caller = backend->in_caller_capture();
+    if (caller)
+      graphs->check_caller_capture(inputs);
+    else
+      bad_blocks->report(/*wait=*/false, steps, /*from_step=*/true);
     const detail::Lengths lens = staging->validate(inputs);
     const int bucket = plans->bucket_of_batch(inputs.num_seqs);
     const int batch = cfg.batch_buckets[static_cast<std::size_t>(bucket)];
     auto stage = [&] { staging->stage(inputs, batch, lens.band_len); };
     stage();
-    const detail::StepGraph g = graphs->graph_for(bucket, lens, stage);
-    backend->launch(*g.slot->graph);
-    ++g.slot->stats.replays;
-    r = g.result;
+    if (caller) {
+      r = graphs->record_into_caller(bucket, lens);
+    } else {
+      const detail::StepGraph g = graphs->graph_for(bucket, lens, stage);
+      backend->launch(*g.slot->graph);
+      ++g.slot->stats.replays;
+      r = g.result;
+    }
+    if (r.band >= 0) r.launch_id = plans->plan(bucket, r.band).graph_id;
   } catch (...) {
     ++rejected;
     throw;
@@ -151,12 +167,19 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
   return r;
 }
 
-void Executor::check_errors() { impl_->bad_blocks->report(/*wait=*/true, impl_->steps); }
+void Executor::check_errors() {
+  detail::DeviceScope device{*impl_->backend};
+  impl_->bad_blocks->report(/*wait=*/true, impl_->steps, /*from_step=*/false);
+}
 
-HostStaging Executor::host_staging() { return impl_->staging->host_staging(); }
+HostStaging Executor::host_staging() {
+  detail::DeviceScope device{*impl_->backend};
+  return impl_->staging->host_staging();
+}
 
 void Executor::capture_all() {
   Impl& m = *impl_;
+  detail::DeviceScope device{*m.backend};
   // kMeasured stages synthetic inputs and replays: ordered like a step on the executor's stream.
   detail::EndStep end{m.backend.get()};
   m.backend->begin_step(std::nullopt);
@@ -168,8 +191,10 @@ void Executor::capture_all() {
 void Executor::rebind_layers(std::vector<LayerBuffers> layers) {
   detail::NvtxRange range("decodegraph::rebind_layers");
   Impl& m = *impl_;
+  detail::DeviceScope device{*m.backend};
   // 1. Validation: nothing has changed when this throws.
   m.layers->check_rebind(layers, m.graphs->bytes());
+  m.layers->warn_missing_cache_sizes(layers, *m.log);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LayerBuffers> resolved = m.layers->resolve(layers);  // owned buffers are kept either way
   // NOTE(graph): a graph still running reads the old buffers; after this, none does.
@@ -217,7 +242,22 @@ const BucketPlan& Executor::plan_for(BucketIndex bucket, int band) const {
   return pb.plan(bucket.value, band);
 }
 
-const BucketPlan& Executor::plan_for(const StepResult& step) const { return plan_for(step.bucket, step.band); }
+const BucketPlan& Executor::plan_for(const StepResult& step) const {
+  if (step.band < 0 && step.band_on_device)
+    throw_invalid("step.band", step.band,
+                  "a band known on the host. This step's graph chose its band on the device (BandSelect::kDevice, "
+                  "device-resident inputs, kCheap), so no single plan is known: plans_for(step.bucket) has every "
+                  "band's plan, and stats().graphs[] (graph_id " + std::to_string(step.graph_id) +
+                      ").band_replays counts the bands it ran. Give a max_seq_len hint, host inputs or kFull to "
+                      "know the band per step");
+  return plan_for(step.bucket, step.band);
+}
+
+std::span<const BucketPlan> Executor::plans_for(BucketIndex bucket) const {
+  const detail::PlanBook& pb = *impl_->plans;
+  const BucketPlan& first = plan_for(bucket, 0);  // checks the index
+  return {&first, static_cast<std::size_t>(pb.num_bands())};
+}
 
 const BucketPlan& Executor::plan_for_batch(int batch_size, int band) const {
   const Impl& m = *impl_;

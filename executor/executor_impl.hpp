@@ -12,6 +12,7 @@
 #include "decodegraph/executor.hpp"
 #include "executor/backend.hpp"
 #include "executor/bad_block.hpp"
+#include "executor/device_guard.hpp"
 #include "executor/graph_cache.hpp"
 #include "executor/layers.hpp"
 #include "executor/measure.hpp"
@@ -29,6 +30,11 @@ namespace decodegraph {
 struct Executor::Impl {
   // Declared first so it is destroyed last: every buffer and graph below is freed through it.
   std::unique_ptr<detail::Backend> backend;
+  // Binds the executor's device while the members below are destroyed (device_guard.hpp).
+  detail::DeviceTeardown teardown;
+  ~Impl() {
+    if (backend) teardown.bind(*backend);
+  }
   std::unique_ptr<detail::Allocations> memory;
   std::shared_ptr<spdlog::logger> log;
   ExecutorConfig cfg;                        // resolved

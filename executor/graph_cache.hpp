@@ -5,7 +5,9 @@
 //   switch graphs (BandSelect::kDevice) one graph per batch bucket whose SWITCH nodes run the band
 //                                        the staged lengths select when it replays (switch_graphs.cpp).
 // step() and rebind_layers call the interface and never branch on the strategy. Both measure
-// through the Measurer (kMeasured) and record through the Recorder.
+// through the Measurer (kMeasured) and record through the Recorder. Under a caller's stream capture
+// (an engine capturing its forward pass) the cache records the step's graph work into that capture
+// instead of handing out a graph of its own (caller_capture.cpp).
 #pragma once
 
 #include <cstddef>
@@ -70,6 +72,18 @@ class GraphCache {
   virtual StepGraph graph_for(int bucket, const Lengths& lens, const std::function<void()>& restage) = 0;
   /// Measures and captures every graph now (CapturePolicy::kUpFront).
   virtual void capture_all() = 0;
+
+  /// Under a caller's stream capture (Backend::in_caller_capture), before the step reads or enqueues
+  /// anything: throws InvalidArgument, saying what to do instead, where the step cannot be recorded
+  /// into the capture: host inputs, kFull, kHost without a max_seq_len hint, a kMeasured bucket not
+  /// measured yet. Nothing is recorded then, and the caller's capture stays valid.
+  void check_caller_capture(const StepInputs& in) const;
+  /// Records the work of the graph a step of `bucket` would replay into the caller's capture, after
+  /// the staging copies already recorded there; no graph of ours is captured, instantiated or
+  /// launched. On an exception what was recorded stays in the caller's capture.
+  StepResult record_into_caller(int bucket, const Lengths& lens);
+  /// Steps recorded into a caller's capture.
+  long long caller_captures() const { return caller_captures_; }
   /// Fills stats.graphs (captured graphs), capture_ms, instantiate_ms and distinct_graphs.
   virtual void add_stats(ExecutorStats& stats) const = 0;
   /// Graphs the strategy needs, each captured at most once (ExecutorStats::distinct_graphs).
@@ -105,6 +119,14 @@ class GraphCache {
   virtual void record(GraphSlot& slot) = 0;
   /// How the capture log line names the graph's kernel ("v1", "every band", ...).
   virtual std::string kernel_text(const GraphSlot& slot) const = 0;
+  /// For a decided step of `bucket` (no measuring, no capture): fills `target` with what record()
+  /// needs (plan, stats.graph_id) and `r` with what the step's result says about its graph.
+  virtual void describe_step(int bucket, const Lengths& lens, GraphSlot& target, StepResult& r) const = 0;
+  /// Whether a step of `bucket` with this band length (the hint; 0 under kDevice) has its plans
+  /// decided, i.e. needs no kMeasured timing.
+  virtual bool decided(int bucket, int band_len) const = 0;
+  /// Whether the graph chooses the band itself (kDevice), so the caller's capture needs no hint.
+  virtual bool band_on_device() const = 0;
 
   CacheParts p_;
   /// Every graph the strategy holds or will hold (plan graphs: one per launch id; switch graphs:
@@ -114,6 +136,7 @@ class GraphCache {
  private:
   void check_budget(const std::string& what, std::size_t bytes) const;
   int total_captures_ = 0;
+  long long caller_captures_ = 0;
 };
 
 std::unique_ptr<GraphCache> make_plan_graphs(const CacheParts& parts);

@@ -10,7 +10,7 @@
 // Attention runs with the kernels' semantics for staged inputs that validation did not see
 // (kCheap, or device inputs with a max_seq_len hint): lengths clamped to [0, max_seq_len], block
 // ids clamped to [0, num_blocks) and the first bad id reported through DecodeArgs::bad_block.
-// The append skips a slot past the cache, as the kernel does. host:: would throw instead, in the
+// The append skips (and reports) a slot past the cache or not at its position, as the kernel does. host:: would throw instead, in the
 // middle of a replay; the host backend gives it a sanitised copy, so both backends compute the same
 // numbers and report the same way.
 //
@@ -18,6 +18,12 @@
 // kernels::select_band (the kernel's own __host__ __device__ math) on the staged lengths when the
 // graph replays and stores the band in a cell the capture owns; each SWITCH node is a closure that
 // runs the branch that cell names. Identical branches of a node share one recorded node list.
+//
+// A caller's stream capture (host_capture.hpp): a step given a HostStreamCapture's stream records
+// its staging copies and its graph's work into that capture instead of running them.
+//
+// The device guard: enter_device/leave_device only count (device_guard.hpp); each operation counts
+// whether it ran with none open, which tests read to check that every entry point binds the device.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -33,7 +39,11 @@
 #include "decodegraph/error.hpp"
 #include "decodegraph/fault.hpp"
 #include "executor/backend.hpp"
+#include "executor/device_guard.hpp"
+#include "executor/host_capture.hpp"
 #include "executor/plan.hpp"
+#include "executor/staging_ring.hpp"
+#include "kernels/append_report.hpp"
 
 namespace decodegraph::detail {
 namespace {
@@ -97,6 +107,28 @@ void run_with_device_semantics(const DecodeArgs& a, const Run& run) {
   run(b);
 }
 
+// The append as the kernel does it: a slot past the cache, or (with the staged lengths and tables)
+// not the slot of its position or under a bad block id, is skipped and the first one reported
+// through args.bad_slot
+// (kernels/append_report.hpp, the kernel's own check); host:: would throw in the middle of a replay.
+void run_append_with_device_semantics(const AppendArgs& args) {
+  std::vector<int64_t> slots(args.slot_mapping, args.slot_mapping + args.num_tokens);
+  for (int t = 0; t < args.num_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    const int code = kernels::check_append_slot(slots[t], args.num_blocks, args.seq_lens, args.block_tables,
+                                                args.block_table_stride, args.spec.block_size, t);
+    if (code == 0) continue;
+    slots[t] = -1;
+    if (args.bad_slot != nullptr && *args.bad_slot == 0) *args.bad_slot = code;
+  }
+  AppendArgs a = args;
+  a.slot_mapping = slots.data();
+  a.seq_lens = nullptr;  // checked above
+  a.block_tables = nullptr;
+  a.bad_slot = nullptr;
+  host::append_kv(a);
+}
+
 class HostGraph final : public BackendGraph {
  public:
   HostGraph(std::vector<Node> nodes, int count) : nodes_(std::move(nodes)), count_(count) {}
@@ -119,49 +151,92 @@ class HostBackend final : public Backend {
  public:
   BackendKind kind() const override { return BackendKind::kHost; }
   Stream stream() const override { return nullptr; }
-  DeviceModel device_model(const AttentionSpec& spec) const override { return host_device_model(spec); }
+  DeviceModel device_model(const AttentionSpec& spec) const override {
+    bound();
+    return host_device_model(spec);
+  }
+  int enter_device() override {
+    ++depth_;
+    count_host_device_entry();
+    return 0;
+  }
+  void leave_device(int) noexcept override {
+    --depth_;
+    count_host_device_exit();
+  }
 
   void* alloc(std::size_t bytes) override { return alloc_zeroed(bytes, "host alloc (twin of cudaMalloc)"); }
-  void free(void* p) noexcept override { std::free(p); }
+  void free(void* p) noexcept override {
+    bound();
+    std::free(p);
+  }
   void* alloc_host(std::size_t bytes) override {
     return alloc_zeroed(bytes, "host alloc (twin of cudaMallocHost)");
   }
-  void free_host(void* p) noexcept override { std::free(p); }
+  void free_host(void* p) noexcept override {
+    bound();
+    std::free(p);
+  }
 
   void upload(void* dst, const void* src, std::size_t bytes) override {
+    bound();
     if (fault::should_fail(fault::Site::kMemcpy)) injected("host memcpy (twin of cudaMemcpy)", fault::Site::kMemcpy);
     if (bytes) std::memcpy(dst, src, bytes);
   }
   void download(void* dst, const void* src, std::size_t bytes, MemorySpace) override {
     // Host backend: "device" inputs are host memory too.
+    bound();
+    if (caller_) throw Error("host memcpy (twin of a synchronous cudaMemcpy) refused: the step's stream is being captured");
     if (fault::should_fail(fault::Site::kMemcpy)) injected("host memcpy (twin of cudaMemcpy)", fault::Site::kMemcpy);
     if (bytes) std::memcpy(dst, src, bytes);
   }
   void stage_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                 std::size_t rows, MemorySpace) override {
+    bound();
     if (fault::should_fail(fault::Site::kMemcpy)) injected("host memcpy (twin of cudaMemcpy2DAsync)", fault::Site::kMemcpy);
     if (width == 0) return;
-    auto* d = static_cast<char*>(dst);
-    const auto* s = static_cast<const char*>(src);
-    if (dpitch == width && spitch == width) {
-      std::memcpy(d, s, width * rows);
-      return;
-    }
-    for (std::size_t r = 0; r < rows; ++r) std::memcpy(d + r * dpitch, s + r * spitch, width);
+    auto copy = [d = static_cast<char*>(dst), s = static_cast<const char*>(src), dpitch, spitch, width, rows] {
+      if (dpitch == width && spitch == width) {
+        std::memcpy(d, s, width * rows);
+        return;
+      }
+      for (std::size_t r = 0; r < rows; ++r) std::memcpy(d + r * dpitch, s + r * spitch, width);
+    };
+    if (caller_) return caller_->record(copy);  // a memcpy node of the caller's graph: reads src at replay
+    copy();
   }
   void stage_fill(void* dst, int byte, std::size_t bytes) override {
+    bound();
     if (fault::should_fail(fault::Site::kMemcpy)) injected("host memset (twin of cudaMemsetAsync)", fault::Site::kMemcpy);
-    if (bytes) std::memset(dst, byte, bytes);
+    if (!bytes) return;
+    if (caller_) return caller_->record([dst, byte, bytes] { std::memset(dst, byte, bytes); });
+    std::memset(dst, byte, bytes);
   }
-  void wait_staging_reusable() override {}
-  void staging_done() override {}
-  AddressRange address_range(const void*) const override { return {}; }
+  void wait_staging_reusable(int) override { bound(); }
+  void staging_done(int) override { bound(); }
+  bool staging_reusable_now(int) override {
+    bound();
+    return !host_staging_copies_pending();
+  }
+  AddressRange address_range(const void*) const override {
+    bound();
+    return {};
+  }
 
-  void begin_step(std::optional<Stream>) override {}
-  void end_step() noexcept override {}
-  void wait_last_step() override {}
+  void begin_step(std::optional<Stream> s) override {
+    bound();
+    caller_ = s ? HostStreamCapture::find(*s) : nullptr;
+  }
+  void end_step() noexcept override {
+    caller_ = nullptr;
+    recording_caller_ = false;
+  }
+  bool in_caller_capture() const override { return caller_ != nullptr; }
+  void wait_last_step() override { bound(); }
 
   void begin_capture() override {
+    bound();
+    if (recording_caller_) throw Error("host capture begin (twin of cudaStreamBeginCapture) failed: recording into a caller's capture");
     if (capturing_) throw Error("host capture begin (twin of cudaStreamBeginCapture) failed: a capture is already active");
     if (fault::should_fail(fault::Site::kCaptureBegin))
       injected("host capture begin (twin of cudaStreamBeginCapture)", fault::Site::kCaptureBegin);
@@ -169,6 +244,7 @@ class HostBackend final : public Backend {
     capturing_ = true;
   }
   std::unique_ptr<CapturedGraph> end_capture() override {
+    bound();
     if (!capturing_) throw Error("host capture end (twin of cudaStreamEndCapture) failed: no capture is active");
     capturing_ = false;
     const bool open_switch = switch_ != nullptr;
@@ -181,6 +257,7 @@ class HostBackend final : public Backend {
     return std::make_unique<HostCaptured>(std::move(nodes), count);
   }
   std::unique_ptr<BackendGraph> instantiate(CapturedGraph& captured) override {
+    bound();
     if (fault::should_fail(fault::Site::kInstantiate))
       injected("host instantiate (twin of cudaGraphInstantiate)", fault::Site::kInstantiate);
     auto& c = static_cast<HostCaptured&>(captured);
@@ -189,6 +266,7 @@ class HostBackend final : public Backend {
   bool update(BackendGraph& exec, CapturedGraph& captured) override {
     // An update that fails falls back to re-instantiation, as on CUDA; for host graphs both amount
     // to swapping the node list, so only the instantiate fault can make this throw.
+    bound();
     const bool refused = fault::should_fail(fault::Site::kGraphUpdate);
     if (refused && fault::should_fail(fault::Site::kInstantiate))
       injected("host instantiate (twin of cudaGraphInstantiate, after a failed update)", fault::Site::kInstantiate);
@@ -198,15 +276,34 @@ class HostBackend final : public Backend {
   }
   void abort_capture() noexcept override {
     capturing_ = false;
+    recording_caller_ = false;
     reset_capture();
   }
+  void begin_caller_capture() override {
+    bound();
+    if (!caller_ || capturing_ || recording_caller_)
+      throw Error("host caller capture (twin of recording into a stream capture): the step's stream is not being captured, or a capture is open");
+    reset_capture();
+    recording_caller_ = true;
+  }
+  void end_caller_capture() override {
+    bound();
+    if (!recording_caller_) throw Error("host caller capture end: none open");
+    recording_caller_ = false;
+    const bool open_switch = switch_ != nullptr;
+    reset_capture();
+    if (open_switch) throw Error("host caller capture end: a SWITCH node is still open");
+  }
+  Stream capture_stream() const override { return recording_caller_ ? caller_->stream() : nullptr; }
   void launch(BackendGraph& g) override {
-    if (capturing_) throw Error("host graph launch (twin of cudaGraphLaunch) failed: called during a capture");
+    bound();
+    if (capturing_ || caller_) throw Error("host graph launch (twin of cudaGraphLaunch) failed: called during a capture");
     if (fault::should_fail(fault::Site::kGraphLaunch))
       injected("host graph launch (twin of cudaGraphLaunch)", fault::Site::kGraphLaunch);
     static_cast<HostGraph&>(g).run();
   }
   double time_replays(BackendGraph& g, int replays) override {
+    if (caller_) throw Error("kMeasured timing refused: the step's stream is being captured");
     launch(g);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < replays; ++i) launch(g);
@@ -236,17 +333,7 @@ class HostBackend final : public Backend {
   void append(const AppendArgs& args) override {
     enqueue([args] {
       check_kernel("host::append_kv");
-      const int64_t cap = static_cast<int64_t>(args.num_blocks) * args.spec.block_size;
-      if (std::none_of(args.slot_mapping, args.slot_mapping + args.num_tokens, [&](int64_t s) { return s >= cap; })) {
-        host::append_kv(args);
-        return;
-      }
-      std::vector<int64_t> slots(args.slot_mapping, args.slot_mapping + args.num_tokens);
-      for (int64_t& s : slots)
-        if (s >= cap) s = -1;  // skipped, as the kernel skips it
-      AppendArgs a = args;
-      a.slot_mapping = slots.data();
-      host::append_kv(a);
+      run_append_with_device_semantics(args);
     });
   }
   void host_work(std::function<void()> fn) override {
@@ -254,14 +341,20 @@ class HostBackend final : public Backend {
     enqueue(std::move(fn));
   }
 
-  bool switch_supported(std::string&) override { return true; }
+  bool switch_supported(std::string&) override {
+    bound();
+    return true;
+  }
   bool read_for_stats(void* dst, const void* src, std::size_t bytes) noexcept override {
+    bound();
     if (bytes) std::memcpy(dst, src, bytes);
     return true;
   }
 
   void band_select(const kernels::BandSelectParams& params) override {
-    if (!capturing_ || switch_) throw Error("host band select (twin of the band-select kernel): record it in a capture, outside SWITCH nodes");
+    bound();
+    if (!(capturing_ || recording_caller_) || switch_)
+      throw Error("host band select (twin of the band-select kernel): record it in a capture, outside SWITCH nodes");
     auto cell = std::make_shared<int>(0);
     band_ = cell;
     // Only what the kernel reads is bound; the handle array is the CUDA backend's business.
@@ -279,7 +372,8 @@ class HostBackend final : public Backend {
     });
   }
   void begin_switch(int branches) override {
-    if (!capturing_ || switch_) throw Error("host SWITCH node (twin of cudaGraphAddNode): no capture, or one already open");
+    if (!(capturing_ || recording_caller_) || switch_)
+      throw Error("host SWITCH node (twin of cudaGraphAddNode): no capture, or one already open");
     if (!band_) throw Error("host SWITCH node (twin of cudaGraphAddNode): no band-select node before it in this capture");
     if (++switches_ > kernels::kMaxSwitchHandles)
       throw Error("host SWITCH node (twin of cudaGraphAddNode): more than " +
@@ -320,12 +414,11 @@ class HostBackend final : public Backend {
     std::vector<std::shared_ptr<const std::vector<Node>>> branches(sw->branches.begin(), sw->branches.end());
     for (int c : sw->counts) count_ += c;  // CUDA clones a shared branch into each body: count each
     std::shared_ptr<const int> band = band_;
-    recorded_.push_back([band, branches] {
+    push_top([band, branches] {
       const int b = *band;
       if (b < 0 || b >= static_cast<int>(branches.size())) return;  // as CUDA: no branch runs
       for (const Node& n : *branches[b]) n();
     });
-    ++count_;
   }
 
  private:
@@ -333,7 +426,8 @@ class HostBackend final : public Backend {
     if (fault::should_fail(fault::Site::kKernelLaunch))
       injected((std::string(name) + " launch (twin of a kernel launch)").c_str(), fault::Site::kKernelLaunch);
   }
-  static void* alloc_zeroed(std::size_t bytes, const char* call) {
+  void* alloc_zeroed(std::size_t bytes, const char* call) {
+    bound();
     if (fault::should_fail(fault::Site::kAlloc)) injected(call, fault::Site::kAlloc);
     const std::size_t n = bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
     void* p = std::aligned_alloc(kAlign, n);
@@ -342,17 +436,32 @@ class HostBackend final : public Backend {
     return p;
   }
   // Outside a capture an op runs at once (eager); inside, it is recorded, into the open branch of a
-  // SWITCH node when there is one.
+  // SWITCH node when there is one. On a caller's captured stream it goes into that capture.
   void enqueue(Node n) {
-    if (!capturing_) {
+    bound();
+    if (!capturing_ && !recording_caller_) {
+      if (caller_) return caller_->record(std::move(n));
       n();
       return;
     }
-    if (switch_ && switch_->branch >= 0)
+    if (switch_ && switch_->branch >= 0) {
       switch_->branches[switch_->branch]->push_back(std::move(n));
-    else
+      ++count_;
+    } else {
+      push_top(std::move(n));
+    }
+  }
+  // The top level of the capture being recorded: ours, or the caller's.
+  void push_top(Node n) {
+    if (capturing_)
       recorded_.push_back(std::move(n));
+    else
+      caller_->record(std::move(n));
     ++count_;
+  }
+  // Counts an operation that ran with no device guard open (device_guard.hpp).
+  void bound() const {
+    if (depth_ <= 0) count_host_unbound_op();
   }
   void reset_capture() noexcept {
     recorded_.clear();
@@ -370,6 +479,9 @@ class HostBackend final : public Backend {
   };
 
   bool capturing_ = false;
+  HostStreamCapture* caller_ = nullptr;  // the step's stream is this caller's capture
+  bool recording_caller_ = false;        // begin_caller_capture .. end_caller_capture
+  int depth_ = 0;                        // device guards open
   std::vector<Node> recorded_;
   int count_ = 0, saved_count_ = 0, switches_ = 0;
   std::shared_ptr<int> band_;  // the capture's band-select cell

@@ -1,6 +1,8 @@
 // Layers and their buffers (layers.hpp).
 #include "executor/layers.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -75,6 +77,23 @@ void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const
       check(lb.v_scale, "v_scale", sb, st);
     }
   }
+}
+
+void LayerSet::warn_missing_cache_sizes(const std::vector<LayerBuffers>& given, spdlog::logger& log) {
+  if (warned_sizes_ || backend_.kind() != BackendKind::kHost) return;
+  int first = -1, missing = 0;
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    if (given[l].k_cache_bytes != 0 && given[l].v_cache_bytes != 0) continue;
+    if (first < 0) first = l;
+    ++missing;
+  }
+  if (missing == 0) return;
+  warned_sizes_ = true;
+  log.warn("layers[{}].k_cache_bytes / v_cache_bytes not given ({} of {} layers lack them): the host backend "
+           "cannot ask for an allocation's size, so a cache smaller than num_blocks = {} blocks ({} bytes) would "
+           "be read and written out of bounds, unchecked. Give every layer's k_cache_bytes and v_cache_bytes "
+           "(docs/integration.md, \"Cache sizes\"). Warned once per executor.",
+           first, missing, cfg_.num_layers, cfg_.num_blocks, cache_bytes_needed(cfg_));
 }
 
 void LayerSet::check_rebind(const std::vector<LayerBuffers>& given, std::size_t graph_bytes) const {

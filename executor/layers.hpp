@@ -10,6 +10,10 @@
 #include "executor/backend.hpp"
 #include "executor/memory.hpp"
 
+namespace spdlog {
+class logger;
+}
+
 namespace decodegraph::detail {
 
 class LayerSet {
@@ -21,6 +25,10 @@ class LayerSet {
   /// nothing and only the sizes given in LayerBuffers are checked, by check_layer_buffers). Throws
   /// InvalidArgument for host memory or an allocation too small for the spec.
   void check_device_ranges(const std::vector<LayerBuffers>& given) const;
+  /// Host backend: warns (once per executor) when a layer gives no k_cache_bytes / v_cache_bytes,
+  /// which is the only way this backend can tell a cache smaller than num_blocks blocks; CUDA asks
+  /// the driver instead (check_device_ranges) and says nothing here.
+  void warn_missing_cache_sizes(const std::vector<LayerBuffers>& given, spdlog::logger& log);
   /// Every check rebind_layers makes before it changes anything: the constructor's layer checks,
   /// the driver's ranges, and the memory budget for owned buffers not allocated yet (with
   /// `graph_bytes` of graphs held).
@@ -55,6 +63,7 @@ class LayerSet {
     void* new_value = nullptr;
   };
   std::vector<OwnedLayer> owned_;
+  bool warned_sizes_ = false;
 };
 
 }  // namespace decodegraph::detail

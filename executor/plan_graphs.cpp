@@ -20,20 +20,13 @@ class PlanGraphs final : public GraphCache {
       p_.measurer.measure(idx);
       sg.result.measured = true;
     }
-    const BucketPlan& plan = p_.plans.plan(idx);
-    sg.slot = &slot(plan.graph_id);
+    sg.slot = &slot(p_.plans.plan(idx).graph_id);
     if (!sg.slot->graph) {
       capture_plan(idx);
       sg.result.captured = true;
     }
-    StepResult& r = sg.result;
-    r.bucket = BucketIndex(bucket);
-    r.bucket_batch_size = plan.batch;
-    r.band = plan.band;
-    r.band_hi = plan.band_hi;
-    r.kernel = plan.kernel;
-    r.partition_size = plan.partition_size;
-    r.graph_id = plan.graph_id;
+    GraphSlot described;
+    describe_step(bucket, lens, described, sg.result);
     return sg;
   }
 
@@ -64,6 +57,22 @@ class PlanGraphs final : public GraphCache {
     p_.recorder.record(s.plan);
   }
   std::string kernel_text(const GraphSlot& s) const override { return to_string(s.plan.kernel); }
+  void describe_step(int bucket, const Lengths& lens, GraphSlot& target, StepResult& r) const override {
+    const BucketPlan& plan = p_.plans.plan(bucket, p_.plans.band_of_length(lens.band_len));
+    target.stats.graph_id = plan.graph_id;
+    target.plan = plan;  // record() takes the launch's plan
+    r.bucket = BucketIndex(bucket);
+    r.bucket_batch_size = plan.batch;
+    r.band = plan.band;
+    r.band_hi = plan.band_hi;
+    r.kernel = plan.kernel;
+    r.partition_size = plan.partition_size;
+    r.graph_id = plan.graph_id;
+  }
+  bool decided(int bucket, int band_len) const override {
+    return p_.plans.plan(bucket, p_.plans.band_of_length(band_len)).graph_id >= 0;
+  }
+  bool band_on_device() const override { return false; }
 
  private:
   /// The slot of launch `id` (launches grow as kMeasured decides buckets).

@@ -14,7 +14,7 @@ struct StepContext::Impl {
   int switch_bucket = -1;  // kDevice: attention becomes a SWITCH node over this bucket's bands
 };
 
-Stream StepContext::stream() const { return impl_->rec->backend_.stream(); }
+Stream StepContext::stream() const { return impl_->rec->backend_.capture_stream(); }
 BackendKind StepContext::backend() const { return impl_->rec->backend_.kind(); }
 const BucketPlan& StepContext::plan() const { return *impl_->plan; }
 const int32_t* StepContext::seq_lens() const { return impl_->rec->targets_.inputs.seq_lens; }
@@ -94,6 +94,12 @@ void Recorder::append(const BucketPlan& plan, int layer) {
   a.slot_mapping = targets_.inputs.slot_mapping;
   a.k_scale = lb.k_scale;  // NOTE(graph): fp8 scales are read when the append runs
   a.v_scale = lb.v_scale;
+  // NOTE(graph): the staged lengths and tables: each slot is checked against its position (one
+  // compare per token) and a wrong one skipped and reported through the bad-block flag.
+  a.seq_lens = targets_.inputs.seq_lens;
+  a.block_tables = targets_.inputs.block_tables;
+  a.block_table_stride = cfg_.max_blocks_per_seq;
+  a.bad_slot = targets_.bad_block;
   backend_.append(a);
 }
 

@@ -8,34 +8,22 @@
 
 #include "decodegraph/error.hpp"
 #include "executor/log.hpp"
+#include "kernels/validate.hpp"
 
 namespace decodegraph::detail {
-namespace {
-
-/// True when [p, p + n) overlaps [base, base + bytes).
-bool overlaps(const void* p, std::size_t n, const void* base, std::size_t bytes) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(base);
-  return a < b + bytes && b < a + std::max<std::size_t>(n, 1);
-}
-
-}  // namespace
-
 std::size_t StepStaging::device_bytes(const ExecutorConfig& c) {
   const std::size_t mb = static_cast<std::size_t>(c.max_batch);
   return mb * sizeof(int32_t) + mb * c.max_blocks_per_seq * sizeof(int32_t) + mb * sizeof(int64_t);
 }
 
 StepStaging::StepStaging(const ExecutorConfig& config, BandSelect band_mode, Backend& backend, Allocations& memory)
-    : cfg_(config), band_mode_(band_mode), backend_(backend) {
+    : cfg_(config), band_mode_(band_mode), backend_(backend), ring_(config, backend, memory) {
   const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
   const std::size_t seq_bytes = mb * sizeof(int32_t);
   const std::size_t slot_bytes = mb * sizeof(int64_t);
   dev_.seq_lens = static_cast<int32_t*>(memory.device(seq_bytes));
   dev_.block_tables = static_cast<int32_t*>(memory.device(mirror_table_bytes()));
   dev_.slot_mapping = static_cast<int64_t*>(memory.device(slot_bytes));
-  seq_lens_h_ = static_cast<int32_t*>(memory.host(seq_bytes));
-  block_tables_h_ = static_cast<int32_t*>(memory.host(mirror_table_bytes()));
-  slot_mapping_h_ = static_cast<int64_t*>(memory.host(slot_bytes));
   seq_scratch_.resize(mb);
   slot_scratch_.resize(mb);
 }
@@ -58,7 +46,7 @@ Lengths StepStaging::validate(const StepInputs& in) {
   if (in.max_seq_len < 0 || in.max_seq_len > cfg_.max_seq_len)
     throw_invalid("inputs.max_seq_len", in.max_seq_len,
                   "0 (no hint) or 1..max_seq_len = 1.." + std::to_string(cfg_.max_seq_len));
-  check_staging_pointers(in);
+  (void)ring_.slot_of(in);  // inputs in the host staging buffers: only as handed out
   const int hint = in.max_seq_len;
   const bool device = in.space == MemorySpace::kDevice;
   const bool full = cfg_.validation == ValidationLevel::kFull;
@@ -146,57 +134,29 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
   // would read a stale token at seq_len - 1 and the new one would land past the length.
   for (int i = 0; i < n; ++i) {
     if (slots[i] < 0) continue;
-    const int pos = lens[i] - 1;
-    const int col = pos / bs;
-    const int64_t block = bt[static_cast<std::size_t>(i) * in.block_table_stride + col];
-    const int64_t want = block * bs + pos % bs;
-    if (slots[i] != want)
-      throw_invalid("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i],
-                    "negative (skip) or the slot of position seq_len - 1 = " + std::to_string(pos) +
-                        " (seq_lens counts the token appended this step): block_tables[" + std::to_string(i) +
-                        "][" + std::to_string(col) + "] * block_size + " + std::to_string(pos % bs) + " = " +
-                        std::to_string(block) + " * " + std::to_string(bs) + " + " + std::to_string(pos % bs) +
-                        " = " + std::to_string(want));
+    require_position_slot("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i], lens[i],
+                          bt + static_cast<std::size_t>(i) * in.block_table_stride, in.block_table_stride, bs,
+                          cfg_.num_blocks, "inputs.block_tables[" + std::to_string(i) + "]");
   }
-}
-
-// Inputs may point at the host staging buffers (host_staging()), but only as handed out: each at its
-// buffer's start, the table at its pitch, in host space. Anything else overlapping them would be
-// copied onto itself.
-void StepStaging::check_staging_pointers(const StepInputs& in) const {
-  const std::size_t n = static_cast<std::size_t>(in.num_seqs);
-  const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
-  auto check = [&](const void* p, std::size_t bytes, const void* base, std::size_t base_bytes, const char* name) {
-    if (p == base || !overlaps(p, bytes, base, base_bytes)) return;
-    throw_invalid(std::string("inputs.") + name, ptr_text(p),
-                  std::string("a buffer outside the host staging buffers, or exactly host_staging().") + name);
-  };
-  check(in.seq_lens, n * sizeof(int32_t), seq_lens_h_, mb * sizeof(int32_t), "seq_lens");
-  check(in.slot_mapping, n * sizeof(int64_t), slot_mapping_h_, mb * sizeof(int64_t), "slot_mapping");
-  const std::size_t rows = in.block_table_stride > 0 ? n * static_cast<std::size_t>(in.block_table_stride) : n;
-  check(in.block_tables, rows * sizeof(int32_t), block_tables_h_, mirror_table_bytes(), "block_tables");
-  const bool any =
-      in.seq_lens == seq_lens_h_ || in.slot_mapping == slot_mapping_h_ || in.block_tables == block_tables_h_;
-  if (any && in.space != MemorySpace::kHost)
-    throw_invalid("inputs.space", "kDevice", "kHost for inputs in the host staging buffers");
-  if (in.block_tables == block_tables_h_ && in.block_table_stride != cfg_.max_blocks_per_seq)
-    throw_invalid("inputs.block_table_stride", in.block_table_stride,
-                  "host_staging().block_table_stride = " + std::to_string(cfg_.max_blocks_per_seq) +
-                      " for block_tables in the host staging buffer");
 }
 
 // ---------------------------------------------------------------- staging
 
-void StepStaging::stage(const StepInputs& in, int batch, int band_len) {
+void StepStaging::stage(const StepInputs& in, int batch, int band_len) { stage_inputs(in, batch, band_len, false); }
+
+void StepStaging::stage_inputs(const StepInputs& in, int batch, int band_len, bool synthetic) {
   const int n = in.num_seqs;
   const int slots = in.slot_mapping ? n : 0;  // rows [slots, batch) get slot -1
   // band_len 0: the lengths were not read (kDevice, device inputs): every column the row may use.
   const std::size_t cols =
       band_len > 0 ? static_cast<std::size_t>((band_len + cfg_.spec.block_size - 1) / cfg_.spec.block_size)
                    : static_cast<std::size_t>(std::min(in.block_table_stride, cfg_.max_blocks_per_seq));
-  backend_.wait_staging_reusable();
   if (in.space == MemorySpace::kHost) {
-    stage_host(in, batch, cols);
+    // Only host inputs go through a pinned slot, and wait for it; device inputs need no event (stream
+    // order, and begin_step's wait on a stream change, keep the static buffers safe).
+    const int slot = synthetic ? ring_.acquire_spare() : ring_.acquire_for_step(ring_.slot_of(in));
+    stage_host(in, batch, cols, ring_[slot]);
+    ring_.release(slot, /*step=*/!synthetic);
   } else {
     const std::size_t dpitch = static_cast<std::size_t>(cfg_.max_blocks_per_seq) * sizeof(int32_t);
     const std::size_t spitch = static_cast<std::size_t>(in.block_table_stride) * sizeof(int32_t);
@@ -208,61 +168,37 @@ void StepStaging::stage(const StepInputs& in, int batch, int band_len) {
       backend_.stage_fill(dev_.slot_mapping + slots, 0xff, (batch - slots) * sizeof(int64_t));  // -1
     backend_.stage_2d(dev_.block_tables, dpitch, in.block_tables, spitch, cols * sizeof(int32_t), n, in.space);
   }
-  backend_.staging_done();
 }
 
 // Host inputs: into the pinned mirrors (unless already there), padded rows filled, then one DMA each.
-void StepStaging::stage_host(const StepInputs& in, int batch, std::size_t cols) {
+void StepStaging::stage_host(const StepInputs& in, int batch, std::size_t cols, const StagingRing::Slot& m) {
   const int n = in.num_seqs;
   const int slots = in.slot_mapping ? n : 0;
   const std::size_t dpitch = static_cast<std::size_t>(cfg_.max_blocks_per_seq) * sizeof(int32_t);
   const std::size_t spitch = static_cast<std::size_t>(in.block_table_stride) * sizeof(int32_t);
   const std::size_t width = cols * sizeof(int32_t);
-  if (in.seq_lens != seq_lens_h_) {
-    std::memcpy(seq_lens_h_, in.seq_lens, n * sizeof(int32_t));
+  if (in.seq_lens != m.seq_lens) {
+    std::memcpy(m.seq_lens, in.seq_lens, n * sizeof(int32_t));
     staging_copy_bytes_ += n * sizeof(int32_t);
   }
-  std::fill(seq_lens_h_ + n, seq_lens_h_ + batch, 0);
-  if (slots && in.slot_mapping != slot_mapping_h_) {
-    std::memcpy(slot_mapping_h_, in.slot_mapping, slots * sizeof(int64_t));
+  std::fill(m.seq_lens + n, m.seq_lens + batch, 0);
+  if (slots && in.slot_mapping != m.slot_mapping) {
+    std::memcpy(m.slot_mapping, in.slot_mapping, slots * sizeof(int64_t));
     staging_copy_bytes_ += slots * sizeof(int64_t);
   }
-  std::fill(slot_mapping_h_ + slots, slot_mapping_h_ + batch, int64_t{-1});
-  if (in.block_tables != block_tables_h_) {
+  std::fill(m.slot_mapping + slots, m.slot_mapping + batch, int64_t{-1});
+  if (in.block_tables != m.block_tables) {
     for (int i = 0; i < n; ++i)
-      std::memcpy(reinterpret_cast<char*>(block_tables_h_) + i * dpitch,
+      std::memcpy(reinterpret_cast<char*>(m.block_tables) + i * dpitch,
                   reinterpret_cast<const char*>(in.block_tables) + i * spitch, width);
     staging_copy_bytes_ += static_cast<long long>(n) * width;
   }
-  backend_.stage_2d(dev_.seq_lens, 0, seq_lens_h_, 0, batch * sizeof(int32_t), 1, MemorySpace::kHost);
-  backend_.stage_2d(dev_.slot_mapping, 0, slot_mapping_h_, 0, batch * sizeof(int64_t), 1, MemorySpace::kHost);
-  backend_.stage_2d(dev_.block_tables, dpitch, block_tables_h_, dpitch, width, n, MemorySpace::kHost);
+  backend_.stage_2d(dev_.seq_lens, 0, m.seq_lens, 0, batch * sizeof(int32_t), 1, MemorySpace::kHost);
+  backend_.stage_2d(dev_.slot_mapping, 0, m.slot_mapping, 0, batch * sizeof(int64_t), 1, MemorySpace::kHost);
+  backend_.stage_2d(dev_.block_tables, dpitch, m.block_tables, dpitch, width, n, MemorySpace::kHost);
 }
 
 void StepStaging::stage_synthetic(const BucketPlan& plan) {
-  const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
-  const std::vector<int32_t> lens_kept(seq_lens_h_, seq_lens_h_ + mb);
-  const std::vector<int64_t> slots_kept(slot_mapping_h_, slot_mapping_h_ + mb);
-  const std::vector<int32_t> tables_kept(block_tables_h_, block_tables_h_ + mb * cfg_.max_blocks_per_seq);
-  struct Restore {  // on every path: a failed staging copy must not leave synthetic inputs behind
-    StepStaging& s;
-    const std::vector<int32_t>& lens;
-    const std::vector<int64_t>& slots;
-    const std::vector<int32_t>& tables;
-    ~Restore() {
-      try {
-        s.backend_.wait_staging_reusable();  // the synthetic copies have read the mirrors
-      } catch (...) {
-      }
-      std::copy(lens.begin(), lens.end(), s.seq_lens_h_);
-      std::copy(slots.begin(), slots.end(), s.slot_mapping_h_);
-      std::copy(tables.begin(), tables.end(), s.block_tables_h_);
-    }
-  } restore{*this, lens_kept, slots_kept, tables_kept};
-  stage_synthetic_rows(plan);
-}
-
-void StepStaging::stage_synthetic_rows(const BucketPlan& plan) {
   const int len = plan.band_lo + (plan.band_hi - plan.band_lo + 1) / 2;
   const int cols = (len + cfg_.spec.block_size - 1) / cfg_.spec.block_size;
   std::vector<int32_t> lens(plan.batch, len), tables(static_cast<std::size_t>(plan.batch) * cols);
@@ -273,19 +209,10 @@ void StepStaging::stage_synthetic_rows(const BucketPlan& plan) {
   in.block_tables = tables.data();
   in.block_table_stride = cols;
   const long long copied = staging_copy_bytes_;  // not a step's copy
-  stage(in, plan.batch, len);
+  stage_inputs(in, plan.batch, len, /*synthetic=*/true);
   staging_copy_bytes_ = copied;
 }
 
-HostStaging StepStaging::host_staging() {
-  backend_.wait_staging_reusable();
-  const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
-  HostStaging h;
-  h.seq_lens = std::span<int32_t>(seq_lens_h_, mb);
-  h.block_tables = std::span<int32_t>(block_tables_h_, mb * cfg_.max_blocks_per_seq);
-  h.block_table_stride = cfg_.max_blocks_per_seq;
-  h.slot_mapping = std::span<int64_t>(slot_mapping_h_, mb);
-  return h;
-}
+HostStaging StepStaging::host_staging() { return ring_.hand_out(); }
 
 }  // namespace decodegraph::detail

@@ -3,7 +3,8 @@
 //
 // NOTE(graph): the staged buffers are executor memory at fixed addresses, bound into every captured
 // launch; what changes between steps is written into them here, never baked into a launch. The
-// pinned host mirrors in front of them are what host_staging() hands out.
+// pinned host mirrors in front of them (a ring of slots, staging_ring.hpp) are what host_staging()
+// hands out.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 #include "decodegraph/executor.hpp"
 #include "executor/backend.hpp"
 #include "executor/memory.hpp"
+#include "executor/staging_ring.hpp"
 
 namespace decodegraph::detail {
 
@@ -53,11 +55,11 @@ class StepStaging {
   /// (host_staging()): then only the DMA remains.
   void stage(const StepInputs& in, int batch, int band_len);
   /// Stages a step of plan.batch sequences in the middle of the plan's band, each over valid block
-  /// ids, and no slots: what kMeasured times where no real step is staged for the band. Only
-  /// executor buffers change: the pinned mirrors are put back as they were, since they may hold the
-  /// caller's inputs for the step being run (written through host_staging()).
+  /// ids, and no slots: what kMeasured times where no real step is staged for the band. Through the
+  /// ring's spare slot, so the mirrors holding the caller's inputs (written through host_staging())
+  /// for the step being run, or handed out for the next one, are left alone.
   void stage_synthetic(const BucketPlan& plan);
-  /// The pinned mirrors, once the previous step's copies have read them.
+  /// The next slot of pinned mirrors, once the copies that last read it have (StagingRing::hand_out).
   HostStaging host_staging();
 
   const StagedInputs& device() const { return dev_; }
@@ -67,9 +69,8 @@ class StepStaging {
  private:
   int check_lengths(const StepInputs& in, const int32_t* lens) const;
   void check_tables_and_slots(const StepInputs& in, const int32_t* lens);
-  void check_staging_pointers(const StepInputs& in) const;
-  void stage_host(const StepInputs& in, int batch, std::size_t cols);
-  void stage_synthetic_rows(const BucketPlan& plan);
+  void stage_inputs(const StepInputs& in, int batch, int band_len, bool synthetic);
+  void stage_host(const StepInputs& in, int batch, std::size_t cols, const StagingRing::Slot& m);
   std::size_t mirror_table_bytes() const;
 
   const ExecutorConfig& cfg_;
@@ -77,9 +78,7 @@ class StepStaging {
   Backend& backend_;
   StagedInputs dev_;
   // Pinned host mirrors (plain host memory on the host backend).
-  int32_t* seq_lens_h_ = nullptr;
-  int32_t* block_tables_h_ = nullptr;
-  int64_t* slot_mapping_h_ = nullptr;
+  StagingRing ring_;
   // Scratch for validating device-resident inputs.
   std::vector<int32_t> seq_scratch_, bt_scratch_;
   std::vector<int64_t> slot_scratch_;

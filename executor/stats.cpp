@@ -1,5 +1,6 @@
 // Statistics and the memory report, assembled in one place from the executor's parts.
 #include "decodegraph/executor.hpp"
+#include "executor/device_guard.hpp"
 #include "executor/executor_impl.hpp"
 
 namespace decodegraph {
@@ -19,8 +20,14 @@ long long ExecutorStats::replays(KernelKind kind) const {
 
 ExecutorStats Executor::stats() const {
   const Impl& m = *impl_;
+  detail::DeviceScope device{*m.backend};
   ExecutorStats s;
   m.graphs->add_stats(s);  // graphs, capture and instantiate times, distinct_graphs
+  for (GraphStats& g : s.graphs) {  // a bucket graph's branches, by launch id (BucketPlan::graph_id)
+    if (!g.switch_graph) continue;
+    for (int band = 0; band < m.plans->num_bands(); ++band)
+      g.band_launch_ids.push_back(m.plans->plan(g.graph_id, band).graph_id);
+  }
   s.band_select = m.band_mode;
   s.band_select_note = m.band_note;
   s.buckets = static_cast<int>(m.plans->plans().size());
@@ -38,11 +45,13 @@ ExecutorStats Executor::stats() const {
   s.input_downloads = m.staging->input_downloads();
   s.staging_copy_bytes = m.staging->copy_bytes();
   s.bad_block_reports = m.bad_blocks->reports();
+  s.caller_captures = m.graphs->caller_captures();
   return s;
 }
 
 MemoryReport Executor::memory() const {
   const Impl& m = *impl_;
+  detail::DeviceScope device{*m.backend};
   MemoryReport r;
   r.static_buffers = m.ledger.static_bytes;
   r.workspace = m.ledger.workspace_bytes;

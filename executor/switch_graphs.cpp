@@ -72,20 +72,8 @@ class SwitchGraphs final : public GraphCache {
       capture_bucket(bucket);
       sg.result.captured = true;
     }
-    StepResult& r = sg.result;
-    r.bucket = BucketIndex(bucket);
-    r.bucket_batch_size = p_.plans.plan(bucket, 0).batch;
-    r.band_on_device = true;
-    r.graph_id = bucket;
-    r.band = -1;
-    if (lens.max_len > 0) {  // the same choice the graph makes, from the same function
-      const int band = kernels::select_band(lens.max_len, p_.cfg.band_edges.data(), bands_);
-      const BucketPlan& p = p_.plans.plan(bucket, band);
-      r.band = band;
-      r.band_hi = p.band_hi;
-      r.kernel = p.kernel;
-      r.partition_size = p.partition_size;
-    }
+    GraphSlot described;
+    describe_step(bucket, lens, described, sg.result);
     return sg;
   }
 
@@ -142,6 +130,25 @@ class SwitchGraphs final : public GraphCache {
     p_.recorder.record_switch(b, slot.plan, sel);
   }
   std::string kernel_text(const GraphSlot&) const override { return "every band"; }
+  void describe_step(int bucket, const Lengths& lens, GraphSlot& target, StepResult& r) const override {
+    target.stats.graph_id = bucket;
+    target.plan = p_.plans.bucket_graph_plan(bucket);
+    r.bucket = BucketIndex(bucket);
+    r.bucket_batch_size = p_.plans.plan(bucket, 0).batch;
+    r.band_on_device = true;
+    r.graph_id = bucket;
+    r.band = -1;
+    if (lens.max_len > 0) {  // the same choice the graph makes, from the same function
+      const int band = kernels::select_band(lens.max_len, p_.cfg.band_edges.data(), bands_);
+      const BucketPlan& p = p_.plans.plan(bucket, band);
+      r.band = band;
+      r.band_hi = p.band_hi;
+      r.kernel = p.kernel;
+      r.partition_size = p.partition_size;
+    }
+  }
+  bool decided(int bucket, int) const override { return p_.plans.bucket_decided(bucket); }
+  bool band_on_device() const override { return true; }
 
  private:
   void capture_bucket(int b) {

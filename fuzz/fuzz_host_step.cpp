@@ -82,8 +82,10 @@ void run(FuzzedDataProvider& fdp) {
     caches.emplace_back(cache_elems * es);
     fill(dt, caches.back().data(), cache_elems, rng, amp);
   }
-  for (int l = 0; l < c.num_layers; ++l)
+  for (int l = 0; l < c.num_layers; ++l) {
     c.layers.push_back(LayerBuffers{caches[2 * l].data(), caches[2 * l + 1].data()});
+    c.layers.back().k_cache_bytes = c.layers.back().v_cache_bytes = cache_elems * es;  // the host backend needs them
+  }
 
   std::unique_ptr<Executor> ex;
   try {

@@ -143,6 +143,7 @@ void run(FuzzedDataProvider& fdp) {
     LayerBuffers lb;
     lb.k_cache = caches[caches.size() - 2].data();
     lb.v_cache = fdp.ConsumeIntegralInRange(0, 31) == 0 ? nullptr : caches.back().data();
+    lb.k_cache_bytes = lb.v_cache_bytes = cache_bytes;  // the host backend cannot ask for them
     c.layers.push_back(lb);
   }
 

@@ -4,7 +4,11 @@
 // s % block_size; key[i] / value[i] ([kv_heads, head_size]) go to that (block, offset) of k_cache /
 // v_cache in the spec's layout. A negative slot (padding) is skipped, and so is a slot at or past
 // num_blocks * block_size (never written out of bounds; validation with host_slot_mapping rejects
-// it). key / value rows are key_stride / value_stride elements apart (a fused QKV buffer).
+// it). With seq_lens and block tables (the executor's staged inputs) a slot that is not that of
+// position seq_len - 1 under the token's row (or whose table entry is a bad block id) is skipped too
+// (it would overwrite some other position, perhaps another sequence's); a skipped slot is reported
+// in bad_slot (append_report.hpp: one compare per token). key / value rows are key_stride / value_stride elements apart (a fused
+// QKV buffer).
 //
 // fp8 caches quantise: each element becomes the code of x / scale (fp32 division, then round to
 // nearest even, saturated to +-max, NaN -> 0x7f: float_to_fp8_*_bits in numeric.hpp, the host
@@ -27,6 +31,7 @@
 #include <type_traits>
 
 #include "decodegraph/fault.hpp"
+#include "kernels/append_report.hpp"
 #include "kernels/cuda_check.hpp"
 #include "kernels/decode_math.hpp"
 #include "kernels/decode_params.cuh"
@@ -71,7 +76,13 @@ __device__ __forceinline__ void append_kv_body(const AppendParams& p) {
   constexpr int CE = 16 / sizeof(KV);
   const int token = blockIdx.x;
   const int64_t slot = p.slot_mapping[token];
-  if (slot < 0 || slot >= p.num_slots) return;  // padding token, or a slot outside the cache
+  if (slot < 0) return;  // padding token
+  const int report =
+      check_append_slot(slot, p.num_blocks, p.seq_lens, p.block_tables, p.block_table_stride, p.block_size, token);
+  if (report != 0) {  // skipped: outside the cache, not the position's slot, or a bad block id there
+    if (p.bad_slot != nullptr && threadIdx.x == 0) atomicCAS(p.bad_slot, 0, report);
+    return;
+  }
   const int D = p.head_size;
   const int H = p.num_kv_heads;
   const int bs = p.block_size;

@@ -89,9 +89,16 @@ struct AppendParams {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   const int64_t* slot_mapping = nullptr;  // [num_tokens]
+  /// Optional (both or neither): the tokens' lengths and block-table rows; a slot that is not that
+  /// of position seq_len - 1 is skipped and reported (kernels/append_report.hpp).
+  const int32_t* seq_lens = nullptr;      // [num_tokens]
+  const int32_t* block_tables = nullptr;  // [num_tokens, block_table_stride]
+  /// Optional: the first skipped slot's report code (append_report_code; first writer wins).
+  int* bad_slot = nullptr;
   int64_t key_stride = 0;                 // resolved (never 0 here)
   int64_t value_stride = 0;
-  int64_t num_slots = 0;  // num_blocks * block_size: slots at or past it are skipped
+  int num_blocks = 0;  // slots at or past num_blocks * block_size are skipped
+  int block_table_stride = 0;
   int num_tokens = 0;
   int num_kv_heads = 0;
   int head_size = 0;

@@ -3,9 +3,12 @@
 // using the same layout offsets as the kernels (decode_math.hpp). Elements are copied bit for bit
 // when the caches share the dtype of key/value; fp8 caches store the code of x / scale (fp32
 // division, then numeric.hpp's rounding to nearest even, saturated: the device append's function).
-// Negative slots are skipped.
+// Negative slots are skipped. Every slot is checked before anything is written: against the cache,
+// and with seq_lens / block_tables against the position seq_len - 1 of its sequence
+// (kernels/append_report.hpp; the kernel skips and reports instead).
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/numeric.hpp"
@@ -19,6 +22,15 @@ void append_kv(const AppendArgs& args) {
   AppendArgs checked = args;
   checked.host_slot_mapping = args.slot_mapping;
   validate_append_args(checked);
+  if (args.block_tables != nullptr) {
+    for (int t = 0; t < args.num_tokens; ++t) {
+      if (args.slot_mapping[t] < 0) continue;
+      const std::string row = "block_tables[" + std::to_string(t) + "]";
+      detail::require_position_slot("slot_mapping[" + std::to_string(t) + "]", args.slot_mapping[t], args.seq_lens[t],
+                                    args.block_tables + static_cast<int64_t>(t) * args.block_table_stride,
+                                    args.block_table_stride, args.spec.block_size, args.num_blocks, row);
+    }
+  }
   const AttentionSpec& s = args.spec;
   detail::check_host_scales(s, args.k_scale, args.v_scale);
   const int hs = s.head_size, bs = s.block_size, H = s.num_kv_heads;

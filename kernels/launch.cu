@@ -164,6 +164,10 @@ void paged_attention_v2(const DecodeArgs& args, int partition_size, void* worksp
 
 void append_kv(const AppendArgs& args, Stream stream) {
   validate_append_args(args);
+  // On the device a wrong slot can only be skipped: without a flag that would go unseen.
+  if (args.block_tables != nullptr)
+    require(args.bad_slot != nullptr, "bad_slot", "null",
+            "a device int with block_tables given (a slot that is not its position's is skipped and reported there)");
   (void)DG_CUDA_TAKE_PENDING("append_kv");
   kernels::AppendParams p;
   p.key = args.key;
@@ -171,9 +175,13 @@ void append_kv(const AppendArgs& args, Stream stream) {
   p.k_cache = args.k_cache;
   p.v_cache = args.v_cache;
   p.slot_mapping = args.slot_mapping;
+  p.seq_lens = args.seq_lens;
+  p.block_tables = args.block_tables;
+  p.block_table_stride = args.block_table_stride;
+  p.bad_slot = args.bad_slot;
   p.key_stride = detail::key_row_stride(args);
   p.value_stride = detail::value_row_stride(args);
-  p.num_slots = static_cast<int64_t>(args.num_blocks) * args.spec.block_size;
+  p.num_blocks = args.num_blocks;
   p.num_tokens = args.num_tokens;
   p.num_kv_heads = args.spec.num_kv_heads;
   p.head_size = args.spec.head_size;

@@ -8,6 +8,7 @@
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
+#include "kernels/append_report.hpp"
 #include "kernels/validate.hpp"
 
 namespace decodegraph {
@@ -154,6 +155,29 @@ V2WorkspaceLayout detail::validate_v2_args(const DecodeArgs& args, int partition
   return w;
 }
 
+void detail::require_position_slot(const std::string& param, int64_t slot, int len, const int32_t* row,
+                                   int block_table_stride, int block_size, int num_blocks,
+                                   const std::string& row_name) {
+  if (len >= 1 && (len - 1) / block_size < block_table_stride) {
+    const int col = (len - 1) / block_size;
+    require(row[col] >= 0 && row[col] < num_blocks, row_name + "[" + std::to_string(col) + "]", row[col],
+            "0..num_blocks-1 = 0.." + std::to_string(num_blocks - 1) + " (the block of position seq_len - 1 = " +
+                std::to_string(len - 1) + ", where " + param + " = " + std::to_string(slot) + " goes)");
+  }
+  const int64_t want = kernels::position_slot(len, row, block_table_stride, block_size);
+  if (slot == want) return;
+  if (want < 0)
+    throw_invalid(param, slot,
+                  "negative (skip): its sequence has no position seq_len - 1 = " + std::to_string(len - 1) +
+                      " within its block-table row of " + std::to_string(block_table_stride) + " entries");
+  const int pos = len - 1, col = pos / block_size, off = pos % block_size;
+  throw_invalid(param, slot,
+                "negative (skip) or the slot of position seq_len - 1 = " + std::to_string(pos) +
+                    " (seq_lens counts the token appended this step): " + row_name + "[" + std::to_string(col) +
+                    "] * block_size + " + std::to_string(off) + " = " + std::to_string(row[col]) + " * " +
+                    std::to_string(block_size) + " + " + std::to_string(off) + " = " + std::to_string(want));
+}
+
 void validate_append_args(const AppendArgs& a) {
   validate_spec(a.spec);
   require(a.num_tokens > 0, "num_tokens", a.num_tokens, "a positive integer");
@@ -167,6 +191,21 @@ void validate_append_args(const AppendArgs& a) {
   require_ptr(a.v_cache, "v_cache", kTensorAlign);
   require_ptr(a.slot_mapping, "slot_mapping", alignof(int64_t));
   require_scales(a.spec, a.k_scale, a.v_scale);
+  require((a.seq_lens == nullptr) == (a.block_tables == nullptr), "block_tables",
+          ptr_text(a.block_tables),
+          std::string("null with seq_lens null, non-null with seq_lens given (seq_lens = ") + ptr_text(a.seq_lens) +
+              "): the slot check needs both");
+  if (a.block_tables != nullptr) {
+    require_ptr(a.seq_lens, "seq_lens", alignof(int32_t));
+    require_ptr(a.block_tables, "block_tables", alignof(int32_t));
+    require(a.block_table_stride > 0, "block_table_stride", a.block_table_stride,
+            "a positive integer with block_tables given");
+  }
+  if (a.bad_slot != nullptr) {
+    require_ptr(a.bad_slot, "bad_slot", alignof(int));
+    // Report codes are -(2 * token + kind): they must fit an int.
+    require(a.num_tokens <= (1 << 30), "num_tokens", a.num_tokens, "at most 2^30 with bad_slot given");
+  }
   if (a.host_slot_mapping != nullptr) {
     const int64_t num_slots = static_cast<int64_t>(a.num_blocks) * a.spec.block_size;
     const std::string allowed = "a negative value (skipped) or 0 .. num_blocks * block_size - 1 = 0 .. " +

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "decodegraph/attention.hpp"
 
@@ -17,6 +18,12 @@ V2WorkspaceLayout validate_v2_args(const DecodeArgs& args, int partition_size, c
 /// fp8 caches: every value behind k_scale and v_scale (host pointers, spec.kv_scale_count() each) is
 /// finite and > 0, else InvalidArgument naming it. Nothing for kv_dtype auto.
 void check_host_scales(const AttentionSpec& spec, const float* k_scale, const float* v_scale);
+/// Throws InvalidArgument naming `param` unless `slot` is the slot of position len - 1 under `row`
+/// (kernels/append_report.hpp position_slot), and that position's block id (naming the entry)
+/// unless it is in [0, num_blocks); `row_name` names the row in the message ("block_tables[3]").
+/// Shared by host::append_kv and the executor's kFull check.
+void require_position_slot(const std::string& param, int64_t slot, int len, const int32_t* row,
+                           int block_table_stride, int block_size, int num_blocks, const std::string& row_name);
 
 /// Elements between consecutive sequences' rows of q / out, and tokens' rows of key / value:
 /// the stride given, or one packed row when it is 0.

@@ -97,6 +97,7 @@ std::vector<CaptureCost> plan_only_capture_costs(const dg::ExecutorConfig& cfg, 
   for (int l = 0; l < 2 * layers; ++l) caches.emplace_back(false, block_bytes);
   for (int l = 0; l < layers; ++l) {
     dg::LayerBuffers lb{caches[2 * l].get(), caches[2 * l + 1].get()};
+    lb.k_cache_bytes = lb.v_cache_bytes = block_bytes;  // the host backend cannot ask
     if (cfg.spec.fp8_kv()) lb.k_scale = lb.v_scale = scales.data();
     ec.layers.push_back(lb);
   }

@@ -44,6 +44,7 @@ dg::ExecutorConfig run_config(const Setup& s, const Caches& caches) {
     lb.v_cache = caches.v[l].get();
     lb.k_scale = caches.k_scale_of(l);
     lb.v_scale = caches.v_scale_of(l);
+    lb.k_cache_bytes = lb.v_cache_bytes = s.geo.cache_elems * s.geo.kv_esize;  // the host backend cannot ask
     cfg.layers.push_back(lb);
   }
   cfg.num_blocks = s.geo.num_blocks;

@@ -27,6 +27,25 @@
 // Launch checks: an error that earlier CUDA work on this thread left pending is taken before each
 // of our launches and logged as not ours (clear_leftover), so it is neither blamed on a launch nor
 // cached as the SWITCH probe's answer (kernels/cuda_check.hpp).
+//
+// Staging ring: one event per pinned mirror slot (staging_ring.hpp), queried to find a slot whose
+// copies are done, and waited on only when none is.
+//
+// Uploads: every instantiation (and re-instantiation on rebind) is followed by cudaGraphUpload on
+// the step's stream, so the graph's first replay does not also pay for moving it to the device.
+//
+// A caller's capture: when begin_step finds the step's stream being captured by someone else (an
+// engine capturing its forward pass), nothing is ordered on it (no event waits or records: an event
+// recorded into a capture cannot be waited on outside it) and the step's work is recorded into that
+// capture: ops go to the caller's stream instead of ours (top()), the band-select node and the
+// SWITCH nodes are added to the caller's capture graph exactly as to ours, and end_caller_capture()
+// writes the handles into the band-select node, a change to an existing node that the runtime allows
+// while the capture is in progress (cudaStreamGetCaptureInfo: every operation on the graph but
+// destroying it and removing nodes). No graph of ours is captured, instantiated or launched then.
+//
+// The device: captured at construction (the current device). Every entry point binds it through
+// enter_device/leave_device (executor/device_guard.hpp); the destructor and the frees, which also run
+// from destructors, bind it themselves.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -87,6 +106,7 @@ class CudaGraph final : public BackendGraph {
   int nodes() const override { return nodes_; }
   std::size_t bytes() const override { return graphs::estimate_graph_bytes(nodes_); }
   void launch(cudaStream_t s) const { exec_.launch(s); }
+  const graphs::GraphExec& exec() const { return exec_; }
   /// True when updated in place; `reinstantiate` skips the in-place attempt. On a failed
   /// re-instantiation exec_ keeps the old graph.
   bool update(graphs::Graph g, int branch_nodes, bool reinstantiate) {
@@ -114,7 +134,8 @@ class CudaBackend final : public Backend {
     DG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     cur_ = last_ = stream_;
     cudaError_t err = cudaStreamCreateWithFlags(&branch_stream_, cudaStreamNonBlocking);
-    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming);
+    for (cudaEvent_t& e : staged_)
+      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
     if (err == cudaSuccess) err = cudaEventCreate(&timing_[0]);
     if (err == cudaSuccess) err = cudaEventCreate(&timing_[1]);
@@ -125,9 +146,11 @@ class CudaBackend final : public Backend {
     load_driver_entry_points();
   }
   ~CudaBackend() override {
+    const int previous = bind_noexcept();
     scope_.reset();
     drain();
     destroy();
+    leave_device(previous);
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
@@ -137,6 +160,23 @@ class CudaBackend final : public Backend {
     d.num_sms = sms_;
     d.blocks_per_sm = kernels::pass1_blocks_per_sm_on_device(spec);
     return d;
+  }
+
+  // ------------------------------------------------------------ the executor's device
+  int enter_device() override {
+    int previous = 0;
+    DG_CUDA_CHECK(cudaGetDevice(&previous));
+    if (previous != device_) DG_CUDA_CHECK(cudaSetDevice(device_));
+    return previous;
+  }
+  void leave_device(int previous) noexcept override {
+    if (previous == device_) return;
+    const cudaError_t err = cudaSetDevice(previous);
+    if (err == cudaSuccess) return;
+    (void)cudaGetLastError();
+    if (auto log = spdlog::get("decodegraph"))
+      log->warn("could not make device {} current again after an executor call on device {}: {}", previous, device_,
+                cudaGetErrorName(err));
   }
 
   void* alloc(std::size_t bytes) override {
@@ -155,8 +195,10 @@ class CudaBackend final : public Backend {
   }
   // Work still queued (a replay, a staging copy) may read the buffer: drain it first.
   void free(void* p) noexcept override {
+    const int previous = bind_noexcept();
     drain();
     cudaFree(p);
+    leave_device(previous);
   }
   void* alloc_host(std::size_t bytes) override {
     if (fault::should_fail(fault::Site::kAlloc)) injected("cudaMallocHost", fault::Site::kAlloc);
@@ -166,13 +208,38 @@ class CudaBackend final : public Backend {
   }
   // A staging copy in flight may still read the pinned mirror.
   void free_host(void* p) noexcept override {
+    const int previous = bind_noexcept();
     drain();
     cudaFreeHost(p);
+    leave_device(previous);
   }
 
   // ------------------------------------------------------------ the step's stream
   void begin_step(std::optional<Stream> s) override {
     cur_ = s ? *s : stream_;
+    caller_ = false;
+    // One query per step: is the step's stream being captured by the caller (file comment)?
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t err = cudaStreamIsCapturing(cur_, &status);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      cur_ = stream_;
+      if (err == cudaErrorStreamCaptureImplicit)
+        throw_invalid("stream", "the legacy default stream",
+                      "a non-blocking stream, or the stream being captured (another stream of this thread is being "
+                      "captured, and the legacy stream would join that capture)");
+      DG_CUDA_CHECK(err);
+    }
+    if (status == cudaStreamCaptureStatusInvalidated) {
+      cur_ = stream_;
+      throw_invalid("stream", "a stream whose capture was invalidated",
+                    "a stream that is not being captured, or one whose capture is active (end the invalidated "
+                    "capture with cudaStreamEndCapture first)");
+    }
+    if (status == cudaStreamCaptureStatusActive && !scope_) {
+      caller_ = true;  // nothing to order: the work is recorded, not run, and the caller replays it
+      return;
+    }
     if (cur_ == last_) return;
     // NOTE(graph): consecutive steps share the staged buffers, the workspace and the flag; a step on
     // another stream must not start before the previous one is done with them.
@@ -180,6 +247,11 @@ class CudaBackend final : public Backend {
     DG_CUDA_CHECK(cudaStreamWaitEvent(cur_, done_, 0));
   }
   void end_step() noexcept override {
+    if (caller_) {  // nothing ran: done_ still marks the last step that did
+      caller_ = recording_caller_ = false;
+      cur_ = stream_;
+      return;
+    }
     if (cur_ != stream_) {
       // If this fails the stream is unusable and nothing of this step was enqueued there: done_
       // still marks the previous step, which stays the one to order after.
@@ -192,6 +264,7 @@ class CudaBackend final : public Backend {
     last_ = cur_;
     cur_ = stream_;
   }
+  bool in_caller_capture() const override { return caller_; }
   void wait_last_step() override {
     if (last_ == stream_) {
       DG_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -226,10 +299,19 @@ class CudaBackend final : public Backend {
     if (fault::should_fail(fault::Site::kMemcpy)) injected("cudaMemsetAsync", fault::Site::kMemcpy);
     if (bytes) DG_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, cur_));
   }
-  // The pinned mirrors are rewritten each step; wait until the previous step's copies have read
-  // them. An event, not a stream: it holds whichever stream that step ran on.
-  void wait_staging_reusable() override { DG_CUDA_CHECK(cudaEventSynchronize(staged_)); }
-  void staging_done() override { DG_CUDA_CHECK(cudaEventRecord(staged_, cur_)); }
+  // A pinned mirror slot is rewritten when its turn comes again; wait until the copies that last read
+  // it are done. An event, not a stream: it holds whichever stream that step ran on.
+  void wait_staging_reusable(int slot) override { DG_CUDA_CHECK(cudaEventSynchronize(staged_[slot])); }
+  void staging_done(int slot) override { DG_CUDA_CHECK(cudaEventRecord(staged_[slot], cur_)); }
+  bool staging_reusable_now(int slot) override {
+    const cudaError_t err = cudaEventQuery(staged_[slot]);
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: never left pending for a later launch check
+      return false;
+    }
+    DG_CUDA_CHECK(err);
+    return true;
+  }
 
   // A cudaMalloc allocation is one range and cuMemGetAddressRange gives its exact end. VMM memory
   // (cuMemCreate + cuMemMap: PyTorch's expandable segments) and memory-pool allocations
@@ -262,6 +344,7 @@ class CudaBackend final : public Backend {
 
   void begin_capture() override {
     if (scope_) throw Error("cudaStreamBeginCapture failed: a capture is already active on the executor stream");
+    if (recording_caller_) throw Error("cudaStreamBeginCapture refused: recording into the caller's capture");
     scope_.emplace(stream_);
   }
   std::unique_ptr<CapturedGraph> end_capture() override {
@@ -271,26 +354,21 @@ class CudaBackend final : public Backend {
     reset_switch_state();
     graphs::Graph g = take_graph();
     if (open_switch) throw Error("cudaStreamEndCapture: a SWITCH node of the capture is still open");
-    if (bs.node && bs.params.num_handles > 0) {
-      // NOTE(graph): the band-select node sets every SWITCH handle created in this capture.
-      cudaKernelNodeParams kp{};
-      DG_CUDA_CHECK(cudaGraphKernelNodeGetParams(bs.node, &kp));
-      kernels::BandSelectParams params = bs.params;
-      void* args[] = {&params};
-      kp.kernelParams = args;
-      kp.extra = nullptr;
-      DG_CUDA_CHECK(cudaGraphKernelNodeSetParams(bs.node, &kp));
-    }
+    set_band_select_handles(bs.node, bs.params);
     return std::make_unique<CudaCaptured>(std::move(g), branch_nodes, bs.params.num_handles > 0);
   }
   std::unique_ptr<BackendGraph> instantiate(CapturedGraph& captured) override {
     auto& c = static_cast<CudaCaptured&>(captured);
     graphs::GraphExec e = graphs::GraphExec::instantiate(c.graph);
+    upload_graph(e);
     return std::make_unique<CudaGraph>(std::move(c.graph), std::move(e), c.branch_nodes);
   }
   bool update(BackendGraph& exec, CapturedGraph& captured) override {
     auto& c = static_cast<CudaCaptured&>(captured);
-    return static_cast<CudaGraph&>(exec).update(std::move(c.graph), c.branch_nodes, /*reinstantiate=*/c.has_switch);
+    auto& g = static_cast<CudaGraph&>(exec);
+    const bool in_place = g.update(std::move(c.graph), c.branch_nodes, /*reinstantiate=*/c.has_switch);
+    if (!in_place) upload_graph(g.exec());  // re-instantiated: a new executable to move to the device
+    return in_place;
   }
   void abort_capture() noexcept override {
     if (sw_.active && sw_.branch >= 0 && sw_.fresh) {  // a branch capture is open on branch_stream_
@@ -299,8 +377,28 @@ class CudaBackend final : public Backend {
       (void)cudaGetLastError();
     }
     reset_switch_state();
+    if (recording_caller_) {
+      recording_caller_ = false;  // the caller's capture stays open: only ours is abandoned
+      return;
+    }
     scope_.reset();
   }
+  void begin_caller_capture() override {
+    if (!caller_ || scope_ || recording_caller_)
+      throw Error("recording into the caller's capture: the step's stream is not being captured, or a capture is open");
+    reset_switch_state();
+    recording_caller_ = true;
+  }
+  void end_caller_capture() override {
+    if (!recording_caller_) throw Error("recording into the caller's capture: none open");
+    const bool open_switch = sw_.active;
+    const BandSelectNode bs = std::move(bs_);
+    reset_switch_state();
+    recording_caller_ = false;
+    if (open_switch) throw Error("recording into the caller's capture: a SWITCH node is still open");
+    set_band_select_handles(bs.node, bs.params);
+  }
+  Stream capture_stream() const override { return top(); }
   void launch(BackendGraph& g) override { static_cast<CudaGraph&>(g).launch(cur_); }
   double time_replays(BackendGraph& g, int replays) override {
     // Never inside a capture: event timing and the synchronisation below are not capturable.
@@ -363,16 +461,16 @@ class CudaBackend final : public Backend {
     return probed->first;
   }
   void band_select(const kernels::BandSelectParams& p) override {
-    if (!scope_ || sw_.active) throw Error("band select: record it in a capture, outside SWITCH nodes");
+    if (!(scope_ || recording_caller_) || sw_.active) throw Error("band select: record it in a capture, outside SWITCH nodes");
     kernels::BandSelectParams params = p;
     params.num_handles = 0;  // filled in at end_capture
     clear_leftover("the band-select launch");
-    kernels::launch_band_select(params, stream_);
+    kernels::launch_band_select(params, top());
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     cudaGraph_t graph = nullptr;
     const cudaGraphNode_t* deps = nullptr;
     std::size_t ndeps = 0;
-    DG_CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &graph, &deps, nullptr, &ndeps));
+    DG_CUDA_CHECK(cudaStreamGetCaptureInfo(top(), &status, nullptr, &graph, &deps, nullptr, &ndeps));
     if (status != cudaStreamCaptureStatusActive || ndeps != 1)
       throw Error("band select: the kernel node is not the capture's only dependency (" + std::to_string(ndeps) + ")");
     bs_.node = deps[0];
@@ -380,7 +478,7 @@ class CudaBackend final : public Backend {
     graph_ = graph;
   }
   void begin_switch(int branches) override {
-    if (!scope_ || sw_.active) throw Error("SWITCH node: no capture, or one already open");
+    if (!(scope_ || recording_caller_) || sw_.active) throw Error("SWITCH node: no capture, or one already open");
     if (!bs_.node) throw Error("SWITCH node: no band-select node before it in this capture");
     if (bs_.params.num_handles >= kernels::kMaxSwitchHandles)
       throw Error("SWITCH node: more than " + std::to_string(kernels::kMaxSwitchHandles) + " in one graph");
@@ -390,7 +488,7 @@ class CudaBackend final : public Backend {
     const cudaGraphNode_t* deps = nullptr;
     const cudaGraphEdgeData* edges = nullptr;
     std::size_t ndeps = 0;
-    DG_CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &status, nullptr, nullptr, &deps, &edges, &ndeps));
+    DG_CUDA_CHECK(cudaStreamGetCaptureInfo(top(), &status, nullptr, nullptr, &deps, &edges, &ndeps));
     cudaGraphNodeParams params{};
     params.type = cudaGraphNodeTypeConditional;
     params.conditional.handle = handle;
@@ -399,7 +497,7 @@ class CudaBackend final : public Backend {
     cudaGraphNode_t node = nullptr;
     DG_CUDA_CHECK(cudaGraphAddNode(&node, graph_, deps, edges, ndeps, &params));
     // NOTE(graph): what the capture records next (later layers, the flag copy) runs after the node.
-    DG_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(stream_, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
+    DG_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(top(), &node, nullptr, 1, cudaStreamSetCaptureDependencies));
     bs_.params.handles[bs_.params.num_handles++] = handle;
     sw_.active = true;
     sw_.bodies.assign(params.conditional.phGraph_out, params.conditional.phGraph_out + branches);
@@ -488,8 +586,34 @@ class CudaBackend final : public Backend {
     return false;
   }
 
+  // The top level of the capture being recorded: ours on the own stream, or the caller's.
+  cudaStream_t top() const { return recording_caller_ ? cur_ : stream_; }
   // The stream ops are recorded on: the branch stream while a SWITCH branch is being captured.
-  cudaStream_t rec() const { return sw_.active && sw_.fresh ? branch_stream_ : stream_; }
+  cudaStream_t rec() const { return sw_.active && sw_.fresh ? branch_stream_ : top(); }
+
+  // NOTE(graph): the band-select node sets every SWITCH handle created in its capture (ours, or the
+  // caller's still in progress: changing a node's parameters is allowed then, see the file comment).
+  static void set_band_select_handles(cudaGraphNode_t node, kernels::BandSelectParams params) {
+    if (!node || params.num_handles == 0) return;
+    cudaKernelNodeParams kp{};
+    DG_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &kp));
+    void* args[] = {&params};
+    kp.kernelParams = args;
+    kp.extra = nullptr;
+    DG_CUDA_CHECK(cudaGraphKernelNodeSetParams(node, &kp));
+  }
+
+  // cudaGraphUpload on the step's stream (its first launch follows there, in order).
+  void upload_graph(const graphs::GraphExec& e) { DG_CUDA_CHECK(cudaGraphUpload(e.get(), cur_)); }
+
+  // enter_device for paths that must not throw (destructors, frees): the current device on failure.
+  int bind_noexcept() noexcept {
+    try {
+      return enter_device();
+    } catch (...) {
+      return device_;
+    }
+  }
 
   void reset_switch_state() noexcept {
     sw_ = {};
@@ -705,7 +829,8 @@ class CudaBackend final : public Backend {
   void destroy() noexcept {
     for (cudaEvent_t e : timing_)
       if (e) cudaEventDestroy(e);
-    if (staged_) cudaEventDestroy(staged_);
+    for (cudaEvent_t e : staged_)
+      if (e) cudaEventDestroy(e);
     if (done_) cudaEventDestroy(done_);
     if (branch_stream_) cudaStreamDestroy(branch_stream_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -716,8 +841,10 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaStream_t cur_ = nullptr;   // the running step's stream (stream_ between steps)
   cudaStream_t last_ = nullptr;  // the last finished step's stream; done_ marks its end unless it is stream_
-  cudaEvent_t staged_ = nullptr;
+  cudaEvent_t staged_[kStagingSlots] = {};  // per pinned mirror slot: its last staging copies
   cudaEvent_t done_ = nullptr;
+  bool caller_ = false;            // the running step's stream is being captured by the caller
+  bool recording_caller_ = false;  // begin_caller_capture .. end_caller_capture
   struct DriverCalls {
     PFN_cuMemGetAddressRange_v3020 get_range = nullptr;
     PFN_cuPointerGetAttribute_v4000 pointer_attribute = nullptr;

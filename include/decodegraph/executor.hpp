@@ -27,6 +27,12 @@
 //    on an event, whichever stream the previous step used; kMeasured times on the step's stream.
 //  - Graphs do not depend on the stream: they are captured on ex.stream() (the legacy default
 //    stream cannot be captured), so StepContext::stream() is ex.stream() during a capture.
+//  - A stream the caller is capturing (an engine capturing its forward pass): step() records the
+//    step's staging copies and its graph's work into that capture instead of launching a graph;
+//    inputs must then be device buffers the caller fills before each replay (docs/executor.md,
+//    "Running inside an engine's graph capture"). What cannot be recorded is an InvalidArgument.
+//  - Every call that reaches the device runs on the device current when the executor was built and
+//    restores the caller's current device before it returns (docs/executor.md, "Several devices").
 //  - Host backend: the stream is accepted and ignored (every step runs synchronously in step()).
 // Layers share one V2 workspace: a step body must not run two layers' attention concurrently on
 // forked streams.
@@ -50,9 +56,10 @@ enum class BackendKind : int { kAuto = 0, kCuda = 1, kHost = 2 };
 enum class CapturePolicy : int { kUpFront = 0, kLazy = 1 };
 /// What step() checks on the host (docs/bad-input.md has the full table).
 ///  kCheap: counts, pointers, lengths (host inputs, or device inputs without a max_seq_len hint) and
-///          the table width. Block ids are not read on the host: the kernels clamp a bad id into
-///          [0, num_blocks) and report it through a flag that the next step() or check_errors()
-///          turns into an InvalidArgument.
+///          the table width. Block ids and slots are not read on the host: the kernels clamp a bad
+///          id into [0, num_blocks), the append skips a slot past the cache or not that of position
+///          seq_len - 1 (one compare per token), and the first of these is reported through a flag
+///          that the next step() or check_errors() turns into a CorruptedStepReport.
 ///  kFull:  also every block id a length uses against num_blocks, every slot against the cache size
 ///          and against the position seq_len - 1 of its sequence, and every length against the
 ///          max_seq_len hint (device inputs are copied to the host for this, synchronously).
@@ -107,11 +114,10 @@ struct DeviceModel {
   int target_blocks() const { return num_sms * blocks_per_sm; }
 };
 
-#ifdef NDEBUG
+/// ExecutorConfig::validation's default: kCheap, in every build of the library and of its callers
+/// (it once followed the including file's NDEBUG, so two files of one program could disagree). Set
+/// kFull while developing an engine: it catches block-id and slot mistakes before the step runs.
 inline constexpr ValidationLevel kDefaultValidation = ValidationLevel::kCheap;
-#else
-inline constexpr ValidationLevel kDefaultValidation = ValidationLevel::kFull;
-#endif
 
 /// Why a plan runs its kernel.
 enum class PlanReason : int {
@@ -187,8 +193,11 @@ struct BucketPlan {
   double predicted_regret = 0;
   int candidates_scored = 0;
   PlanReason reason = PlanReason::kLeastRegret;
-  /// Index of the graph this bucket replays (ExecutorStats::graphs[].graph_id); buckets with identical
-  /// launches share one. -1: not decided yet (kMeasured, before the bucket's first capture).
+  /// The launch id: which distinct launch sequence this bucket runs (ExecutorStats::distinct_plans of
+  /// them); buckets with identical launches share one. Under BandSelect::kHost it is also the graph
+  /// the bucket replays (GraphStats::graph_id); under kDevice the graph is the batch bucket's and
+  /// this names the SWITCH branch (StepResult::launch_id, GraphStats::band_launch_ids). -1: not
+  /// decided yet (kMeasured, before the bucket's first capture).
   int graph_id = -1;
   /// kMeasured: the candidates, with their measured time once the bucket has been captured.
   std::vector<PlanCandidate> candidates;
@@ -277,7 +286,8 @@ struct ExecutorConfig {
 
   CapturePolicy capture = CapturePolicy::kLazy;
   BackendKind backend = BackendKind::kAuto;
-  ValidationLevel validation = kDefaultValidation;
+  /// kCheap (kDefaultValidation) unless set: the same in Debug and Release builds.
+  ValidationLevel validation = ValidationLevel::kCheap;
   /// Attention-only step: append each layer's new K/V at slot_mapping before its attention.
   bool append_kv = true;
   /// Device memory the executor may use (static buffers + workspace + graphs); 0 = unlimited.
@@ -302,7 +312,8 @@ struct StepInputs {
   int block_table_stride = 0;
   /// [num_seqs] where each sequence's new K/V goes: the slot of position seq_len - 1,
   /// block_tables[i][(seq_len - 1) / block_size] * block_size + (seq_len - 1) % block_size, or a
-  /// negative value to skip the append. Required when KV append runs. kFull checks the position.
+  /// negative value to skip the append. Required when KV append runs. kFull checks the position
+  /// before the step; kCheap's append skips a wrong slot and reports it (CorruptedStepReport).
   const int64_t* slot_mapping = nullptr;
   MemorySpace space = MemorySpace::kHost;
   /// Optional upper bound on every seq_len of this step (0 = none). The block-table columns staged
@@ -343,9 +354,16 @@ struct StepResult {
   bool band_on_device = false;  // kDevice: the replayed graph chose the band itself
   bool captured = false;  // this step captured (and instantiated) the bucket's graph
   bool measured = false;  // this step timed the bucket's candidates (kMeasured)
-  /// The graph it replayed (ExecutorStats::graphs[].graph_id). kDevice: the batch bucket's graph,
-  /// numbered by bucket index, not the plan's graph_id (which there names the branch).
+  /// The step's stream was being captured by the caller: the step's work was recorded into that
+  /// capture (captured stays false: no graph of the executor's was captured or launched).
+  bool in_caller_capture = false;
+  /// The graph it replayed: the GraphStats with this graph_id in stats().graphs. Graphs are numbered
+  /// by what one graph holds: under kHost one graph per launch (graph_id = launch_id), under kDevice
+  /// one per batch bucket (graph_id = bucket.value).
   int graph_id = -1;
+  /// The launch the step ran (its plan's BucketPlan::graph_id), when its band is known on the host;
+  /// -1 when the graph chose the band on the device (band -1).
+  int launch_id = -1;
 };
 
 class Executor;
@@ -357,7 +375,8 @@ class Recorder;
 class StepContext {
  public:
   /// The stream being captured (CUDA backend): the executor's own stream, whichever stream steps
-  /// later replay the graph on. Launch your own kernels on it.
+  /// later replay the graph on; for a step recorded into your own capture, your captured stream.
+  /// Launch your own kernels on it.
   Stream stream() const;
   BackendKind backend() const;
   /// The plan of the graph being captured. The body runs once per distinct graph (and once more per
@@ -391,6 +410,8 @@ using StepBody = std::function<void(StepContext&)>;
 
 /// One captured graph. A graph shared by several buckets appears once.
 struct GraphStats {
+  /// The graph's id (StepResult::graph_id): kHost, the launch id of its plans (BucketPlan::graph_id);
+  /// kDevice, its batch bucket's index.
   int graph_id = 0;
   int batch = 0;
   int band = 0;       // lowest band that replays it
@@ -418,6 +439,9 @@ struct GraphStats {
   /// read failed.
   std::vector<long long> band_replays;
   std::vector<KernelKind> band_kernels;  // kDevice: each band's kernel
+  /// kDevice: each band's launch id (BucketPlan::graph_id: bands with the same id share a branch);
+  /// kHost: empty (the graph is one launch, graph_id).
+  std::vector<int> band_launch_ids;
 };
 
 struct ExecutorStats {
@@ -447,7 +471,9 @@ struct ExecutorStats {
   /// Bytes step() copied into the host staging buffers; inputs already written into host_staging()
   /// are not copied. The DMA to the device is not counted.
   long long staging_copy_bytes = 0;
-  long long bad_block_reports = 0;  // invalid block ids reported (each one InvalidArgument)
+  /// Delayed reports thrown (each one CorruptedStepReport): bad block ids and skipped slots.
+  long long bad_block_reports = 0;
+  long long caller_captures = 0;  // steps recorded into a caller's stream capture (also in steps)
   /// Replays of `kind`'s launches: kHost graphs by their kernel, kDevice graphs by branch execution.
   long long replays(KernelKind kind) const;
 };
@@ -470,8 +496,9 @@ class Executor {
 
   /// Validates, buckets, stages and replays one decode step on the executor's own stream
   /// (stream()). Throws InvalidArgument on bad input and leaves the executor unchanged. Also throws
-  /// InvalidArgument, once, when an earlier step read an invalid block id (see check_errors()); the
-  /// step then runs nothing, and the next call proceeds.
+  /// CorruptedStepReport (an InvalidArgument), once, when an earlier step read an invalid block id
+  /// or was given a wrong slot (see check_errors()); the step then runs nothing (submit it again),
+  /// and the next call proceeds.
   StepResult step(const StepInputs& inputs);
   /// The same on the caller's stream: staging and replay are enqueued on `stream` (nullptr is the
   /// legacy default stream), ordered after earlier work there and before later work (see the top of
@@ -480,6 +507,10 @@ class Executor {
   /// The pinned host staging buffers, once the previous step's copies have read them (CUDA: an
   /// event wait). Write the next step's inputs there and pass StepInputs pointing at them: step()
   /// then skips its copy into them. Their contents are the caller's until the next step().
+  /// There are three sets: the last step's when its copies are done already, else another, so the
+  /// wait (when all three are in flight) is for the copies of two steps back and the host can run
+  /// ahead. Calls without a step in between hand out the same set; inputs still pointing at an
+  /// earlier set (exactly as handed out, all in one set) are staged from it.
   HostStaging host_staging();
   /// Points the graphs at new KV caches and layer buffers with the same shapes (a reallocated cache
   /// after a resize or sleep/wake, say): every captured graph is captured again (the step body runs
@@ -493,10 +524,11 @@ class Executor {
   /// captured again when a step needs it.
   void rebind_layers(std::vector<LayerBuffers> layers);
   /// Waits for the last step to finish (a sync point; host: returns at once) and throws
-  /// InvalidArgument if any step since the last report read a block id outside [0, num_blocks)
-  /// (possible under kCheap, which leaves ids to the caller; the kernels clamp such an id, so the
-  /// outputs of that sequence were wrong). The message names the table entry. The report is then
-  /// cleared; the executor stays usable.
+  /// CorruptedStepReport if any step since the last report read a block id outside [0, num_blocks)
+  /// or was given a slot past the cache or not that of position seq_len - 1 (possible under kCheap,
+  /// which leaves ids and slots to the caller; the kernels clamp such an id and skip such a slot, so
+  /// that sequence's output or new K/V is wrong). It names the sequence, the steps and what to do.
+  /// The report is then cleared; the executor stays usable.
   void check_errors();
   /// Captures every bucket now (what CapturePolicy::kUpFront does in the constructor).
   void capture_all();
@@ -510,8 +542,13 @@ class Executor {
   const std::vector<BucketPlan>& plans() const;
   /// The plan of batch bucket `bucket` (an index into config().batch_buckets) and band index `band`.
   const BucketPlan& plan_for(BucketIndex bucket, int band) const;
-  /// The plan a step ran.
+  /// The plan a step ran. Throws InvalidArgument when its band is not known on the host (band -1:
+  /// kDevice with device-resident inputs and kCheap, where the graph chose the band itself); then
+  /// plans_for(step.bucket) has every band's plan and stats().graphs[].band_replays counts the
+  /// bands the graph ran.
   const BucketPlan& plan_for(const StepResult& step) const;
+  /// Every band's plan of batch bucket `bucket`, band order (plans_for(b)[band] = plan_for(b, band)).
+  std::span<const BucketPlan> plans_for(BucketIndex bucket) const;
   /// The plan a step of `batch_size` sequences (1..max_batch) in band index `band` replays.
   const BucketPlan& plan_for_batch(int batch_size, int band) const;
   std::string plan_table() const;

@@ -7,7 +7,8 @@ reference. Arrays go in and out as DLPack-capable objects: numpy on the host bac
 - Eager calls: :func:`paged_attention_v1`, :func:`paged_attention_v2` (+ :func:`v2_workspace_size`),
   :func:`append_kv`.
 - :class:`Executor`: plans every (batch bucket, length band), captures graphs, replays one per step.
-- Errors: :class:`Error` and its kinds :class:`InvalidArgument` (a ValueError),
+- Errors: :class:`Error` and its kinds :class:`InvalidArgument` (a ValueError; its subclass
+  :class:`CorruptedStepReport` is the delayed report of a bad block id or slot),
   :class:`OutOfMemory` (a MemoryError), :class:`CudaError` (``code``, ``context_lost``).
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from ._errors import CudaError, Error, InvalidArgument, OutOfMemory  # before _core: it raises them
+from ._errors import CorruptedStepReport, CudaError, Error, InvalidArgument, OutOfMemory  # before _core: it raises them
 from . import _core
 from ._core import (
     BackendKind,
@@ -105,7 +106,8 @@ def plan_buckets(config: ExecutorConfig) -> List[BucketPlan]:
 __all__ = [
     "AttentionSpec", "BackendKind", "BandSelect", "BucketPlan", "CapturePolicy", "CudaError",
     "DType", "DeviceModel", "Error", "Executor", "ExecutorConfig", "ExecutorStats", "GraphStats",
-    "HostStaging", "InvalidArgument", "KVCacheDType", "KVLayout", "KernelKind", "KernelPolicy", "LayerBuffers",
+    "HostStaging", "InvalidArgument", "CorruptedStepReport", "KVCacheDType", "KVLayout", "KernelKind", "KernelPolicy",
+    "LayerBuffers",
     "MemoryReport", "OutOfMemory", "PlanCandidate", "PlanPrediction", "PlanReason", "StepBody", "StepContext",
     "StepResult", "SUPPORTED_BLOCK_SIZES", "SUPPORTED_HEAD_SIZES", "ValidationLevel",
     "__version__", "append_kv", "balanced_partition_size", "build_info", "built_with_cuda",

@@ -147,6 +147,8 @@ class Executor:
         The host backend runs the step before returning; CUDA enqueues it on the stream.
 
         Raises:
+            CorruptedStepReport: an earlier step (``validation="cheap"``) read a bad block id or was
+                given a wrong slot; this call ran nothing: submit it again, re-prefill the sequence.
             InvalidArgument: bad input; nothing ran and the executor is unchanged.
         """
         d = self._core.step(
@@ -159,8 +161,9 @@ class Executor:
         self._core.capture_all()
 
     def check_errors(self) -> None:
-        """Waits for the last step and raises InvalidArgument if a step since the last report read a
-        block id outside [0, num_blocks) (possible under ``validation="cheap"``)."""
+        """Waits for the last step and raises CorruptedStepReport if a step since the last report read a
+        block id outside [0, num_blocks) or was given a slot past the cache or not that of position
+        seq_len - 1 (possible under ``validation="cheap"``); it names the sequence to re-prefill."""
         self._core.check_errors()
 
     def rebind_layers(self, layers: Sequence[LayerBuffers]) -> None:
@@ -229,12 +232,19 @@ class Executor:
 
     def plan_for(self, step_or_bucket: Union[StepResult, int], band: Optional[int] = None) -> BucketPlan:
         """The plan a step ran (``plan_for(result)``), or of batch-bucket index ``bucket`` and band
-        index ``band`` (``plan_for(bucket, band)``)."""
+        index ``band`` (``plan_for(bucket, band)``). A result whose band the graph chose on the device
+        (band -1) raises InvalidArgument saying where to look: :meth:`plans_for` and
+        ``stats().graphs[].band_replays``."""
         if isinstance(step_or_bucket, StepResult):
-            return BucketPlan._from_core(self._core.plan_for(step_or_bucket.bucket, step_or_bucket.band))
+            r = step_or_bucket
+            return BucketPlan._from_core(self._core.plan_for_step(r.bucket, r.band, r.band_on_device, r.graph_id))
         if band is None:
             raise TypeError("plan_for(bucket, band): band is required with a bucket index")
         return BucketPlan._from_core(self._core.plan_for(int(step_or_bucket), int(band)))
+
+    def plans_for(self, bucket: int) -> List[BucketPlan]:
+        """Every band's plan of batch-bucket index ``bucket``, in band order."""
+        return [BucketPlan._from_core(d) for d in self._core.plans_for(int(bucket))]
 
     def plan_for_batch(self, batch_size: int, band: int) -> BucketPlan:
         """The plan a step of ``batch_size`` sequences (1..max_batch) in band index ``band`` replays."""

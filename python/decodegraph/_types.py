@@ -342,7 +342,9 @@ class BucketPlan:
 @dataclass
 class StepResult:
     """What one step ran (C++ ``StepResult``). ``bucket`` is the batch bucket's index; ``band`` is -1
-    (and band_hi, kernel, partition_size unknown) when a kDevice graph chose the band on the device."""
+    (and band_hi, kernel, partition_size unknown, launch_id -1) when a kDevice graph chose the band on
+    the device. ``graph_id`` names the graph replayed (``stats().graphs[].graph_id``: kHost one per
+    launch, kDevice one per batch bucket); ``launch_id`` the launch it ran (``BucketPlan.graph_id``)."""
 
     bucket: int
     bucket_batch_size: int
@@ -354,6 +356,7 @@ class StepResult:
     captured: bool
     measured: bool
     graph_id: int
+    launch_id: int
 
 
 @dataclass
@@ -382,6 +385,7 @@ class GraphStats:
     branches: int
     band_replays: List[int]
     band_kernels: List[KernelKind]
+    band_launch_ids: List[int]
 
 
 @dataclass

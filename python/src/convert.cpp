@@ -148,6 +148,7 @@ nb::dict to_py(const dg::GraphStats& g) {
   d["branches"] = g.branches;
   d["band_replays"] = g.band_replays;
   d["band_kernels"] = g.band_kernels;
+  d["band_launch_ids"] = g.band_launch_ids;
   return d;
 }
 
@@ -202,6 +203,7 @@ nb::dict to_py(const dg::StepResult& r) {
   d["captured"] = r.captured;
   d["measured"] = r.measured;
   d["graph_id"] = r.graph_id;
+  d["launch_id"] = r.launch_id;
   return d;
 }
 

@@ -106,6 +106,23 @@ class PyExecutor {
     auto lk = lock();
     return to_py(ex_->plan_for(dg::BucketIndex(bucket), band));
   }
+  // plan_for(const StepResult&): the fields it reads, so that its error (band -1 chosen on the
+  // device) is the C++ one.
+  nb::dict plan_for_step(int bucket, int band, bool band_on_device, int graph_id) {
+    auto lk = lock();
+    dg::StepResult r;
+    r.bucket = dg::BucketIndex(bucket);
+    r.band = band;
+    r.band_on_device = band_on_device;
+    r.graph_id = graph_id;
+    return to_py(ex_->plan_for(r));
+  }
+  nb::list plans_for(int bucket) {
+    auto lk = lock();
+    nb::list l;
+    for (const dg::BucketPlan& p : ex_->plans_for(dg::BucketIndex(bucket))) l.append(to_py(p));
+    return l;
+  }
   nb::dict plan_for_batch(int batch, int band) {
     auto lk = lock();
     return to_py(ex_->plan_for_batch(batch, band));
@@ -443,6 +460,8 @@ void bind_executor(nb::module_& m) {
       .def("host_staging", &PyExecutor::host_staging)
       .def("plans", &PyExecutor::plans)
       .def("plan_for", &PyExecutor::plan_for, "bucket"_a, "band"_a)
+      .def("plan_for_step", &PyExecutor::plan_for_step, "bucket"_a, "band"_a, "band_on_device"_a, "graph_id"_a)
+      .def("plans_for", &PyExecutor::plans_for, "bucket"_a)
       .def("plan_for_batch", &PyExecutor::plan_for_batch, "batch_size"_a, "band"_a)
       .def("plan_table", &PyExecutor::plan_table)
       .def("stats", &PyExecutor::stats)

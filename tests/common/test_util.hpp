@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <random>
@@ -113,6 +114,34 @@ inline ::testing::AssertionResult check_close(DType dtype, const void* out, cons
          << ")\nfirst mismatches:\n"
          << first.str();
 }
+
+/// Records each skipped test with its reason, one "Suite.Name<TAB>reason" line appended to the file
+/// $DG_SKIP_LOG names (set by ctest: tests/CMakeLists.txt), which ctest prints after the run
+/// (tests/print_skips.cmake): ctest itself shows a skipped test only as ***Skipped. One short
+/// append per skip, so parallel tests do not interleave.
+class SkipRecorder : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    const ::testing::TestResult* r = info.result();
+    const char* path = std::getenv("DG_SKIP_LOG");
+    if (r == nullptr || !r->Skipped() || path == nullptr || *path == '\0') return;
+    std::string reason;
+    for (int i = 0; i < r->total_part_count() && reason.empty(); ++i)
+      if (r->GetTestPartResult(i).skipped()) reason = r->GetTestPartResult(i).message();
+    for (char& c : reason)
+      if (c == '\n' || c == '\t' || c == '\r') c = ' ';
+    const std::string line = std::string(info.test_suite_name()) + "." + info.name() + "\t" + reason + "\n";
+    if (std::FILE* f = std::fopen(path, "a")) {
+      std::fputs(line.c_str(), f);
+      std::fclose(f);
+    }
+  }
+};
+/// Installed once per test binary, before main (gtest_main) runs the tests.
+inline const bool kSkipRecorderInstalled = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new SkipRecorder);
+  return true;
+}();
 
 /// Skips the current test unless a CUDA device is present, saying why.
 #define DG_REQUIRE_GPU()                                                                     \

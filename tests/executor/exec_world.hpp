@@ -7,12 +7,17 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "decodegraph/attention.hpp"
+#include "decodegraph/error.hpp"
 #include "decodegraph/executor.hpp"
+#include "decodegraph/fault.hpp"
 #include "kernels/decode_math.hpp"
 #include "test_util.hpp"
 
@@ -32,6 +37,50 @@ inline Tol tol_for(DType d) {
     case DType::kBFloat16: return {8e-3, 1.6e-2};  // half-ulp 3.9e-3 relative
   }
   return {0, 0};
+}
+
+/// A small spec: 4 q heads over 2 KV heads of 64, blocks of 16.
+inline AttentionSpec small_spec(DType dtype = DType::kFloat32, KVLayout layout = KVLayout::kVLLM) {
+  AttentionSpec s;
+  s.num_q_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_size = 64;
+  s.block_size = 16;
+  s.dtype = dtype;
+  s.layout = layout;
+  return s;
+}
+
+/// Runs fn, which must throw InvalidArgument whose message contains every part.
+template <class F>
+::testing::AssertionResult rejects(F&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const InvalidArgument& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts)
+      if (msg.find(p) == std::string::npos) return ::testing::AssertionFailure() << "'" << p << "' not in: " << msg;
+    return ::testing::AssertionSuccess();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "not an InvalidArgument: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "nothing thrown; expected " << parts.front();
+}
+
+/// The kernel ("v1" or "v2") of the attention launch `run` reaches after `skip` other kernel
+/// launches, read off the host twin's launch name: kKernelLaunch is armed to fail it, so `run`
+/// throws there. Independent of the counters the executor keeps.
+inline std::string failing_kernel(const std::function<void()>& run, int skip) {
+  fault::ScopedFault f(fault::Site::kKernelLaunch, skip);
+  try {
+    run();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    if (m.find("paged_attention_v1") != std::string::npos) return "v1";
+    if (m.find("paged_attention_v2") != std::string::npos) return "v2";
+    return "other: " + m;
+  }
+  return "no failure";
 }
 
 struct World {
@@ -91,6 +140,8 @@ struct World {
         lb.k_scale = k_scales[l].data();
         lb.v_scale = v_scales[l].data();
       }
+      lb.k_cache_bytes = k[l].bytes;  // the host backend cannot ask for an allocation's size
+      lb.v_cache_bytes = v[l].bytes;
       c.layers.push_back(lb);
     }
     c.max_batch = max_batch;

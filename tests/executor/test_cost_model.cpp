@@ -153,6 +153,8 @@ TEST(CostModel, OnePartitionIsACopy) {
 // ---------------------------------------------------------------- issue 19's shapes
 
 // llama3-8b attention, bf16, block 16, on the host model (132 SMs x the pass-1 occupancy); kAuto.
+// A plan of a temporary vector would dangle.
+const BucketPlan& plan_at(std::vector<BucketPlan>&& plans, int batch, int len) = delete;
 const BucketPlan& plan_at(const std::vector<BucketPlan>& plans, int batch, int len) {
   for (const BucketPlan& p : plans)
     if (p.batch == batch && p.band_lo < len && len <= p.band_hi) return p;
@@ -206,7 +208,8 @@ TEST(CostModel, PlansMeetIssue19sAimsWhereTheModelReachesThem) {
 TEST(CostModel, TheMergeAtBatch1x128KIsUnder2us) {
   ExecutorConfig c = detail::resolve_planning(llama3_8b_config());
   c.device_model = host_device_model(c.spec);
-  const BucketPlan& p = plan_at(detail::make_plans(c), 1, 131072);
+  const std::vector<BucketPlan> plans = detail::make_plans(c);  // p refers into it
+  const BucketPlan& p = plan_at(plans, 1, 131072);
   EXPECT_LT(detail::predict_call(c, p, 131072).merge_us, 2.0);
   // The merge before issue 19 on the plan of b112b12 (P = 784, 168 partitions): 2 + 42 round trips.
   BucketPlan before = p;

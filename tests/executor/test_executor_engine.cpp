@@ -19,32 +19,12 @@ using namespace decodegraph;
 using dgtest::World;
 
 AttentionSpec spec(DType dtype = DType::kFloat32, KVLayout layout = KVLayout::kVLLM) {
-  AttentionSpec s;
+  AttentionSpec s = dgtest::small_spec(dtype, layout);
   s.num_q_heads = 8;
-  s.num_kv_heads = 2;
-  s.head_size = 64;
-  s.block_size = 16;
-  s.dtype = dtype;
-  s.layout = layout;
   return s;
 }
 
-/// Runs fn, which must throw InvalidArgument whose message contains every part.
-template <class F>
-::testing::AssertionResult rejects(F&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts)
-      if (msg.find(p) == std::string::npos)
-        return ::testing::AssertionFailure() << "'" << p << "' not in: " << msg;
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "not an InvalidArgument: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "nothing thrown; expected " << parts.front();
-}
+using dgtest::rejects;
 
 /// float64 reference of layer l over the world's current inputs, q rows q_stride elements apart.
 std::vector<double> reference(const World& w, int l, const void* q, int64_t q_stride,
@@ -752,7 +732,7 @@ TEST_P(BadBlock, KCheapClampsTheIdAndTheNextStepReportsIt) {
   w.fill_step(ex);
   EXPECT_TRUE(rejects([&] { ex.step(w.inputs()); },
                       {"inputs.block_tables[2][3]", "0..num_blocks-1 = 0.." + std::to_string(w.num_blocks - 1),
-                       "step 1", "sequence 2 is wrong"}));
+                       "step 1", "sequence 2", "submit its inputs again"}));
   EXPECT_EQ(ex.stats().bad_block_reports, 1);
   EXPECT_EQ(ex.stats().rejected_steps, 1);
   ex.step(w.inputs());  // then it runs
@@ -778,7 +758,7 @@ TEST(BadBlockReport, CheckErrorsReportsItAndClearsIt) {
   w.tables[1 * w.stride + 1] = -1;  // sequence 1 has 20 tokens: columns 0 and 1 are read
   w.fill_step(ex);
   ex.step(w.inputs());
-  EXPECT_TRUE(rejects([&] { ex.check_errors(); }, {"inputs.block_tables[1][1]", "(step 2)"}));
+  EXPECT_TRUE(rejects([&] { ex.check_errors(); }, {"inputs.block_tables[1][1]", "sequence 1, step 2)"}));
   EXPECT_NO_THROW(ex.check_errors()) << "reported once";
   w.tables[1 * w.stride + 1] = w.seq_blocks[1][1];
   w.tables[1 * w.stride + 2] = -1;  // past sequence 1's length: never read, never reported
@@ -806,7 +786,7 @@ TEST(BadBlockReport, TheReportNamesTheStepsSinceTheLastOne) {
   ex.step(w.inputs());
   w.set_lens({300, 20});
   EXPECT_TRUE(rejects([&] { ex.step(w.inputs()); },
-                      {"inputs.block_tables[0][18]", "one of steps 1..3, those since the last report"}));
+                      {"inputs.block_tables[0][18]", "one of steps 1..3 (those since the last report)"}));
   w.fill_step(ex);
   ex.step(w.inputs());
   EXPECT_TRUE(w.check_layer(ex, 0));

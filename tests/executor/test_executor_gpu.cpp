@@ -8,7 +8,8 @@
 // Then what the review of the CUDA paths asked for (issue 20): caches in VMM ranges of several
 // mappings and in a memory pool, SWITCH graphs in use wherever the driver has them, rebinding a
 // SWITCH graph with every band checked, and a CUDA error the caller left pending. Lines starting
-// "[driver]" record what the driver answered (issue 22's open questions).
+// "[driver]" record what the driver answered (issue 22's open questions). Last, a step inside the
+// caller's own stream capture (both band choices), and two executors on two devices from one thread.
 //
 // Copies from pageable host memory go through upload(): a pageable cudaMemcpy may return before its
 // DMA lands, and the executor's non-blocking streams are not ordered after the legacy stream.
@@ -926,6 +927,187 @@ TEST(ExecutorGpu, WhatGraphExecUpdateDoesWithANewConditionalHandle) {
   CK(cudaGraphDestroy(first));
   CK(cudaGraphDestroy(second));
   CK(cudaStreamDestroy(s));
+#endif
+}
+
+// ---------------------------------------------------------------- an engine's own capture (issue 20)
+
+#if DECODEGRAPH_HAS_CUDA
+// The caller's fixed device input buffers, which its captured graph reads at every replay.
+struct FixedDeviceInputs {
+  DevBuf lens, tables;
+  int rows, stride;
+  FixedDeviceInputs(const World& w, int n)
+      : lens(n * sizeof(int32_t)), tables(static_cast<std::size_t>(n) * w.stride * sizeof(int32_t)), rows(n),
+        stride(w.stride) {}
+  void fill(const World& w) {
+    upload(lens.p, w.lens.data(), w.lens.size() * sizeof(int32_t));
+    upload(tables.p, w.tables.data(), w.tables.size() * sizeof(int32_t));
+  }
+  StepInputs inputs(int hint) const {
+    StepInputs in;
+    in.num_seqs = rows;
+    in.seq_lens = static_cast<const int32_t*>(lens.p);
+    in.block_tables = static_cast<const int32_t*>(tables.p);
+    in.block_table_stride = stride;
+    in.space = MemorySpace::kDevice;
+    in.max_seq_len = hint;
+    return in;
+  }
+};
+
+// One band choice: step() inside a real cudaStreamBeginCapture (global mode, as PyTorch's default),
+// the caller's q copy captured before it; the caller's graph instantiated and replayed for lengths
+// crossing 1024 (V1 -> V2 -> V1), each checked against the reference and bitwise against the kHost
+// executor's own graph of that band.
+void run_caller_capture_case(BandSelect band, int hint) {
+  GpuWorld g(gpu_spec(), 1, 4, 2048, 401);
+  ExecutorConfig c = g.config(4, 2048);
+  c.validation = ValidationLevel::kCheap;
+  c.policy = KernelPolicy::kThreshold;
+  c.v2_threshold = 1024;
+  c.band_select = band;
+  Executor ex(c);
+  if (band == BandSelect::kDevice && ex.band_select() != BandSelect::kDevice)
+    GTEST_SKIP() << "conditional SWITCH nodes unavailable: " << ex.stats().band_select_note;
+  c.band_select = BandSelect::kHost;
+  Executor own(c);
+  const std::size_t qb = g.w.q_elems(3) * dtype_size(g.w.spec.dtype);
+  DevBuf q_next(qb);
+  FixedDeviceInputs fixed(g.w, 3);
+  cudaStream_t s = nullptr;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(cudaMemcpyAsync(ex.query(0), q_next.p, qb, cudaMemcpyDeviceToDevice, s));  // "the QKV GEMM"
+  StepInputs host_in = g.w.inputs();
+  EXPECT_THROW(ex.step(host_in, s), InvalidArgument) << "host inputs inside a capture";
+  StepResult r;
+  EXPECT_NO_THROW(r = ex.step(fixed.inputs(hint), s));
+  cudaStreamCaptureStatus status{};
+  CK(cudaStreamIsCapturing(s, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive) << "the step invalidated the caller's capture";
+  cudaGraph_t graph = nullptr;
+  CK(cudaStreamEndCapture(s, &graph));
+  ASSERT_NE(graph, nullptr);
+  EXPECT_TRUE(r.in_caller_capture);
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (const std::vector<int>& lens : {std::vector<int>{1000, 5, 300}, std::vector<int>{1030, 17, 2},
+                                       std::vector<int>{7, 2048, 600}, std::vector<int>{700, 3, 1024}}) {
+    g.w.set_lens(lens);
+    fixed.fill(g.w);
+    std::vector<char> q(qb);
+    dgtest::fill_uniform(g.w.spec.dtype, q.data(), g.w.q_elems(3), g.w.rng);
+    upload(q_next.p, q.data(), qb);
+    upload(own.query(0), q.data(), qb);
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    const int longest = *std::max_element(lens.begin(), lens.end());
+    EXPECT_TRUE(g.check(ex, 0, q.data())) << "longest " << longest;
+    if (band == BandSelect::kDevice) {  // the caller's replay ran the band's own launches
+      own.step(g.w.inputs());
+      CK(cudaStreamSynchronize(own.stream()));
+      EXPECT_TRUE(dgtest::bitwise_equal_on_device(ex.output(0), own.output(0), qb)) << "longest " << longest;
+    }
+  }
+  const ExecutorStats st = ex.stats();
+  EXPECT_EQ(st.total_captures, 0);
+  EXPECT_EQ(st.caller_captures, 1);
+  EXPECT_EQ(st.input_downloads, 0);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(s));
+  EXPECT_NO_THROW(ex.check_errors());
+}
+#endif
+
+TEST(ExecutorGpu, StepInsideTheCallersCaptureChoosesTheBandAtEachReplay) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  run_caller_capture_case(BandSelect::kDevice, /*hint=*/0);
+#endif
+}
+
+TEST(ExecutorGpu, StepInsideTheCallersCaptureRecordsTheHintsBandUnderKHost) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  run_caller_capture_case(BandSelect::kHost, /*hint=*/2048);
+#endif
+}
+
+// ---------------------------------------------------------------- several devices (issue 20)
+
+// Two executors, one per device, driven from one thread whose current device is the other one at
+// every call: each call runs on its executor's device (its outputs are right) and leaves the
+// caller's current device as it was.
+TEST(ExecutorGpu, TwoExecutorsOnTwoDevicesFromOneThread) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  int devices = 0;
+  CK(cudaGetDeviceCount(&devices));
+  if (devices < 2) GTEST_SKIP() << devices << " CUDA device(s): this test needs 2";
+  auto current = [] {
+    int d = -1;
+    EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
+    return d;
+  };
+  std::unique_ptr<GpuWorld> world[2];
+  std::unique_ptr<Executor> ex[2];
+  cudaStream_t streams[2] = {nullptr, nullptr};
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    world[d] = std::make_unique<GpuWorld>(gpu_spec(), 1, 4, 4096, 409 + d);
+    ex[d] = std::make_unique<Executor>(world[d]->config(4, 4096));
+    CK(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking));
+    EXPECT_EQ(current(), d);
+  }
+  const std::vector<std::vector<int>> steps = {{3000, 7}, {100, 4096, 2}, {1, 513}, {2049, 2048, 33, 4}};
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    for (int d = 0; d < 2; ++d) {
+      const int other = 1 - d;
+      GpuWorld& g = *world[d];
+      g.w.set_lens(steps[k]);
+      CK(cudaSetDevice(d));
+      const auto qs = g.write_q(*ex[d]);
+      CK(cudaSetDevice(other));  // the thread is on the other device for every call below
+      const HostStaging h = ex[d]->host_staging();
+      EXPECT_EQ(current(), other) << "host_staging";
+      std::copy(g.w.lens.begin(), g.w.lens.end(), h.seq_lens.begin());
+      for (std::size_t i = 0; i < g.w.lens.size(); ++i)
+        std::copy_n(g.w.tables.begin() + i * g.w.stride, g.w.stride, h.block_tables.begin() + i * h.block_table_stride);
+      StepInputs in = g.w.inputs();
+      in.seq_lens = h.seq_lens.data();
+      in.block_tables = h.block_tables.data();
+      in.block_table_stride = h.block_table_stride;
+      in.slot_mapping = nullptr;
+      if (k % 2)
+        ex[d]->step(in, streams[d]);  // a stream of the executor's device
+      else
+        ex[d]->step(in);
+      EXPECT_EQ(current(), other) << "step";
+      ex[d]->check_errors();
+      EXPECT_EQ(current(), other) << "check_errors";
+      CK(cudaSetDevice(d));
+      EXPECT_TRUE(g.check(*ex[d], 0, qs[0].data())) << "device " << d << " step " << k;
+    }
+  }
+  for (int d = 0; d < 2; ++d) {
+    const int other = 1 - d;
+    CK(cudaSetDevice(other));
+    EXPECT_GT(ex[d]->stats().total_captures, 0);
+    EXPECT_GT(ex[d]->memory().total(), 0u);
+    ex[d]->capture_all();
+    ex[d]->rebind_layers(ex[d]->config().layers);
+    EXPECT_EQ(current(), other) << "stats, memory, capture_all, rebind_layers";
+    ex[d].reset();
+    EXPECT_EQ(current(), other) << "destruction";
+  }
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaStreamDestroy(streams[d]));
+    world[d].reset();
+  }
+  CK(cudaSetDevice(0));
 #endif
 }
 

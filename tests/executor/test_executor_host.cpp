@@ -21,16 +21,7 @@ namespace {
 using namespace decodegraph;
 using dgtest::World;
 
-AttentionSpec small_spec(DType dtype = DType::kFloat32, KVLayout layout = KVLayout::kVLLM) {
-  AttentionSpec s;
-  s.num_q_heads = 4;
-  s.num_kv_heads = 2;
-  s.head_size = 64;
-  s.block_size = 16;
-  s.dtype = dtype;
-  s.layout = layout;
-  return s;
-}
+using dgtest::small_spec;
 
 std::vector<int> random_lens(std::mt19937_64& rng, int n, int lo, int hi) {
   std::uniform_int_distribution<int> d(lo, hi);

@@ -20,37 +20,21 @@ namespace {
 using namespace decodegraph;
 using dgtest::World;
 
-AttentionSpec spec(DType dtype = DType::kFloat32) {
-  AttentionSpec s;
-  s.num_q_heads = 4;
-  s.num_kv_heads = 2;
-  s.head_size = 64;
-  s.block_size = 16;
-  s.dtype = dtype;
-  return s;
-}
+AttentionSpec spec(DType dtype = DType::kFloat32) { return dgtest::small_spec(dtype); }
 
 // The kernel (V1 or V2) a step's attention ran, read off the host twin's launch name: with
 // kKernelLaunch armed past the band select and the append, the attention launch fails and names
 // itself. Independent of the branch counters the executor keeps. The step throws; the executor
 // stays usable (checked by the callers' next step).
 std::string kernel_that_runs(Executor& ex, const StepInputs& in) {
-  fault::ScopedFault f(fault::Site::kKernelLaunch, /*skip=*/2);  // band select, append, then attention
-  try {
-    ex.step(in);
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    if (m.find("paged_attention_v1") != std::string::npos) return "v1";
-    if (m.find("paged_attention_v2") != std::string::npos) return "v2";
-    return "other: " + m;
-  }
-  return "no failure";
+  return dgtest::failing_kernel([&] { ex.step(in); }, /*skip=*/2);  // band select, append, then attention
 }
 
 // The world's current inputs written into the executor's host staging buffers, and inputs that
-// point at them (step() then copies nothing on the host).
-StepInputs inputs_in_host_staging(Executor& ex, const World& w) {
+// point at them (step() then copies nothing on the host); `handed_out` gets the buffers written.
+StepInputs inputs_in_host_staging(Executor& ex, const World& w, HostStaging* handed_out = nullptr) {
   HostStaging h = ex.host_staging();
+  if (handed_out) *handed_out = h;
   std::copy(w.lens.begin(), w.lens.end(), h.seq_lens.begin());
   std::copy(w.slots.begin(), w.slots.end(), h.slot_mapping.begin());
   for (std::size_t i = 0; i < w.lens.size(); ++i)
@@ -401,8 +385,9 @@ TEST(BandSelectDevice, MeasuringOnTheFirstStepKeepsInputsWrittenIntoHostStaging)
   for (const int longest : {1500, 600}) {
     w.set_lens({longest, 33, 7});
     w.fill_step(ex);
-    const StepResult r = ex.step(inputs_in_host_staging(ex, w));
-    const HostStaging h = ex.host_staging();
+    // The buffers written for this step: host_staging() after it hands out the next set (the ring).
+    HostStaging h;
+    const StepResult r = ex.step(inputs_in_host_staging(ex, w, &h));
     EXPECT_EQ(r.measured, longest == 1500) << "the bucket is measured on its first step only";
     EXPECT_TRUE(w.check_layer(ex, 0)) << longest;
     // The mirrors still hold what the caller wrote.

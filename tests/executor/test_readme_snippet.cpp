@@ -32,6 +32,7 @@ TEST(ReadmeSnippet, CompilesAndRunsOnTheHostBackend) {
   // A small pool: three sequences of up to 60 tokens, four blocks each, and a spare block.
   const int num_blocks = 13;
   const std::size_t cache_elems = static_cast<std::size_t>(num_blocks) * block * kv_heads * head;
+  const std::size_t cache_bytes = cache_elems * sizeof(std::uint16_t);  // bf16
   std::mt19937_64 rng(2024);
   std::vector<std::vector<std::uint16_t>> k_store, v_store, qkv_store, out_store;
   std::vector<void*> k_cache, v_cache;
@@ -66,6 +67,7 @@ TEST(ReadmeSnippet, CompilesAndRunsOnTheHostBackend) {
 #include "readme_snippet.inc"
 
   EXPECT_EQ(ex.backend(), dgn::BackendKind::kHost);
+  EXPECT_EQ(ex.config().layers[31].k_cache_bytes, cache_bytes) << "the snippet gives the cache sizes";
   EXPECT_EQ(ex.stats().steps, 2);
   EXPECT_EQ(ex.stats().total_captures, 1);
   for (int l : {0, 17, 31}) {

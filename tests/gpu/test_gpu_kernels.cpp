@@ -5,7 +5,8 @@
 // and 112 would read, NaN in cache slots past the lengths, caches past 2^31 elements, the KV append against
 // the host append and explicit layout offsets, the naive kernel, the length clamp, the
 // kernel-launch fault seam, a fused QKV buffer read through row strides, padded rows with host
-// lengths, and block ids outside the cache (clamped, reported through bad_block).
+// lengths, block ids outside the cache (clamped, reported through bad_block), and append slots
+// that are not their position's or past the cache (skipped, reported through bad_slot).
 // Every test starts with DG_REQUIRE_GPU(): without a device it reports itself skipped.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -906,6 +907,124 @@ TEST(GpuKernels, Fp8AppendMatchesHostAppend) {
         }
         EXPECT_EQ(wrong, 0) << "codes not the nearest (ties even, saturated) at their offsets: " << what;
       }
+}
+
+// With the sequences' lengths and block tables (what the executor passes), the append checks each
+// slot against the slot of position seq_len - 1: the off-by-one slot (position seq_len), lengths
+// that do not count the new token, and a slot past the cache are each skipped (nothing else in the
+// cache changes) and reported in bad_slot as -(2 * token + kind), a bad block id at the position as
+// the attention reports it ((token * stride + column) + 1); correct tokens are written.
+TEST(GpuKernels, AppendKvSkipsAndReportsSlotsNotAtTheirPosition) {
+  DG_REQUIRE_GPU();
+  for (KVLayout layout : kLayouts) {
+    const AttentionSpec s = make_spec(DType::kBFloat16, 128, 16, layout, 8, 2);
+    const int bs = s.block_size, stride = 3, num_tokens = 5, num_blocks = num_tokens * stride + 1;
+    const int64_t num_slots = static_cast<int64_t>(num_blocks) * bs;
+    std::mt19937_64 rng(1300 + static_cast<int>(layout));
+    const std::size_t cn = static_cast<std::size_t>(num_blocks) * s.block_elems();
+    const std::size_t tn = static_cast<std::size_t>(num_tokens) * s.num_kv_heads * s.head_size;
+    auto kc = dgtest::make_buffer(s.dtype, cn), vc = dgtest::make_buffer(s.dtype, cn);
+    auto key = dgtest::make_buffer(s.dtype, tn), value = dgtest::make_buffer(s.dtype, tn);
+    dgtest::fill_uniform(s.dtype, kc.data(), cn, rng);
+    dgtest::fill_uniform(s.dtype, vc.data(), cn, rng);
+    dgtest::fill_uniform(s.dtype, key.data(), tn, rng, -3.f, 3.f);
+    dgtest::fill_uniform(s.dtype, value.data(), tn, rng, -3.f, 3.f);
+    // Sequence i owns blocks [stride * i, stride * i + stride), in reverse order within its row.
+    const std::vector<int32_t> good_lens = {17, 1, 33, 16, 48};
+    std::vector<int32_t> tables(num_tokens * stride);
+    for (int i = 0; i < num_tokens; ++i)
+      for (int j = 0; j < stride; ++j) tables[i * stride + j] = stride * i + (stride - 1 - j);
+    auto slot_of = [&](int i, int pos) { return static_cast<int64_t>(tables[i * stride + pos / bs]) * bs + pos % bs; };
+    std::vector<int64_t> good_slots(num_tokens);
+    for (int i = 0; i < num_tokens; ++i) good_slots[i] = slot_of(i, good_lens[i] - 1);
+
+    struct Case {
+      const char* what;
+      int token;
+      int report;  // expected flag (0: none)
+    };
+    const Case cases[] = {
+        {"clean", -1, 0},
+        {"slot of position seq_len (off by one)", 1, -(2 * 1 + 1)},
+        {"seq_lens not counting the new token", 2, -(2 * 2 + 1)},
+        {"slot past the cache", 3, -(2 * 3 + 2)},
+        {"a length whose position is past the row", 4, -(2 * 4 + 1)},
+        {"a bad block id at the position: reported as the attention would", 0, 0 * stride + 1 + 1},
+    };
+    DevBuf dk(kc.bytes), dv(vc.bytes), dkey(key.bytes), dval(value.bytes), dslots(num_tokens * 8),
+        dlens(num_tokens * 4), dtables(tables.size() * 4), flag(sizeof(int));
+    dkey.upload(key.data(), key.bytes);
+    dval.upload(value.data(), value.bytes);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(describe(s) + ": " + c.what);
+      std::vector<int32_t> lens = good_lens;
+      std::vector<int64_t> slots = good_slots;
+      std::vector<int32_t> bad_tables = tables;
+      if (c.token == 0) bad_tables[0 * stride + 1] = num_blocks + 3;  // sequence 0 has 17 tokens: column 1
+      dtables.upload(bad_tables.data(), bad_tables.size() * 4);
+      if (c.token == 1) slots[1] = slot_of(1, lens[1]);  // position seq_len
+      if (c.token == 2) lens[2] -= 1;                    // the new token not counted
+      if (c.token == 3) slots[3] = num_slots + 2;
+      if (c.token == 4) lens[4] = stride * bs + 1;       // column 3 of a 3-entry row
+      // Expected caches: the host append of every token but the wrong one.
+      auto ek = dgtest::make_buffer(s.dtype, cn), ev = dgtest::make_buffer(s.dtype, cn);
+      std::memcpy(ek.data(), kc.data(), kc.bytes);
+      std::memcpy(ev.data(), vc.data(), vc.bytes);
+      std::vector<int64_t> expect_slots = slots;
+      if (c.token >= 0) expect_slots[c.token] = -1;
+      AppendArgs h;
+      h.spec = s;
+      h.num_tokens = num_tokens;
+      h.num_blocks = num_blocks;
+      h.key = key.data();
+      h.value = value.data();
+      h.k_cache = ek.data();
+      h.v_cache = ev.data();
+      h.slot_mapping = expect_slots.data();
+      host::append_kv(h);
+
+      dk.upload(kc.data(), kc.bytes);
+      dv.upload(vc.data(), vc.bytes);
+      dslots.upload(slots.data(), num_tokens * 8);
+      dlens.upload(lens.data(), num_tokens * 4);
+      const int zero = 0;
+      flag.upload(&zero, sizeof zero);
+      AppendArgs d = h;
+      d.key = dkey.ptr;
+      d.value = dval.ptr;
+      d.k_cache = dk.ptr;
+      d.v_cache = dv.ptr;
+      d.slot_mapping = static_cast<const int64_t*>(dslots.ptr);
+      d.seq_lens = static_cast<const int32_t*>(dlens.ptr);
+      d.block_tables = static_cast<const int32_t*>(dtables.ptr);
+      d.block_table_stride = stride;
+      d.bad_slot = static_cast<int*>(flag.ptr);
+      append_kv(d, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      int seen = 1;
+      flag.download(&seen, sizeof seen);
+      EXPECT_EQ(seen, c.report);
+      auto gk = dgtest::make_buffer(s.dtype, cn), gv = dgtest::make_buffer(s.dtype, cn);
+      dk.download(gk.data(), gk.bytes);
+      dv.download(gv.data(), gv.bytes);
+      EXPECT_EQ(0, std::memcmp(gk.data(), ek.data(), ek.bytes)) << "K cache: a wrong slot was written, or a good one not";
+      EXPECT_EQ(0, std::memcmp(gv.data(), ev.data(), ev.bytes)) << "V cache: a wrong slot was written, or a good one not";
+    }
+    // Without a flag the device could only skip silently: refused before the launch.
+    AppendArgs d;
+    d.spec = s;
+    d.num_tokens = num_tokens;
+    d.num_blocks = num_blocks;
+    d.key = dkey.ptr;
+    d.value = dval.ptr;
+    d.k_cache = dk.ptr;
+    d.v_cache = dv.ptr;
+    d.slot_mapping = static_cast<const int64_t*>(dslots.ptr);
+    d.seq_lens = static_cast<const int32_t*>(dlens.ptr);
+    d.block_tables = static_cast<const int32_t*>(dtables.ptr);
+    d.block_table_stride = stride;
+    dgtest::expect_error([&] { append_kv(d, nullptr); }, {"bad_slot = null", "block_tables"});
+  }
 }
 
 // ---------------------------------------------------------------- errors and the fault seam

@@ -238,3 +238,63 @@ TEST(Reference, PaddedRowsUntouchedAndConstantValues) {
 }
 
 }  // namespace
+
+namespace {
+
+// host::append_kv with the sequences' lengths and block tables checks every slot against the slot
+// of position seq_len - 1 before writing anything: the off-by-one slot, lengths that do not count
+// the new token and a bad block id at the position are rejected naming the entry; without tables
+// only the cache bound is checked (the vLLM call, as before). Argument rules for the check itself.
+TEST(AppendSlotCheck, HostAppendRejectsASlotNotAtItsPosition) {
+  const AttentionSpec s{4, 2, 64, 16, DType::kFloat32, KVLayout::kNHD};
+  const int num_blocks = 8, tokens = 2, stride = 4;
+  const std::size_t cache = static_cast<std::size_t>(num_blocks) * s.block_elems();
+  std::vector<float> kc(cache, 1.f), vc(cache, 2.f), key(tokens * 2 * 64, 3.f), value(tokens * 2 * 64, 4.f);
+  std::vector<int32_t> lens = {20, 5}, tables = {3, 5, 0, 0, 6, 0, 0, 0};
+  std::vector<int64_t> slots = {5 * 16 + 3, 6 * 16 + 4};  // positions 19 and 4: right
+  AppendArgs a;
+  a.spec = s;
+  a.num_tokens = tokens;
+  a.num_blocks = num_blocks;
+  a.key = key.data();
+  a.value = value.data();
+  a.k_cache = kc.data();
+  a.v_cache = vc.data();
+  a.slot_mapping = slots.data();
+  a.seq_lens = lens.data();
+  a.block_tables = tables.data();
+  a.block_table_stride = stride;
+  EXPECT_NO_THROW(decodegraph::host::append_kv(a));
+  const std::vector<float> written = kc;
+
+  slots[0] = 5 * 16 + 4;  // position 20 = seq_len
+  dgtest::expect_error([&] { decodegraph::host::append_kv(a); },
+               {"slot_mapping[0] = 84", "the slot of position seq_len - 1 = 19", "block_tables[0][1] * block_size + 3"});
+  EXPECT_EQ(kc, written) << "nothing written";
+  slots[0] = 5 * 16 + 3;
+  lens[1] = 4;  // the new token not counted
+  dgtest::expect_error([&] { decodegraph::host::append_kv(a); }, {"slot_mapping[1] = 100", "seq_len - 1 = 3"});
+  lens[1] = 5;
+  tables[1] = num_blocks;  // the block of position 19
+  dgtest::expect_error([&] { decodegraph::host::append_kv(a); }, {"block_tables[0][1] = 8", "0..num_blocks-1 = 0..7"});
+  tables[1] = 5;
+  lens[1] = stride * 16 + 1;  // no such column
+  dgtest::expect_error([&] { decodegraph::host::append_kv(a); }, {"slot_mapping[1]", "no position seq_len - 1 = 64"});
+  lens[1] = 5;
+
+  // Without tables: any slot inside the cache is written (vLLM semantics).
+  AppendArgs plain = a;
+  plain.seq_lens = nullptr;
+  plain.block_tables = nullptr;
+  slots[0] = 7 * 16;  // not sequence 0's position, but inside the cache
+  EXPECT_NO_THROW(decodegraph::host::append_kv(plain));
+
+  AppendArgs half = a;
+  half.seq_lens = nullptr;
+  dgtest::expect_error([&] { decodegraph::validate_append_args(half); }, {"block_tables", "the slot check needs both"});
+  AppendArgs no_stride = a;
+  no_stride.block_table_stride = 0;
+  dgtest::expect_error([&] { decodegraph::validate_append_args(no_stride); }, {"block_table_stride = 0"});
+}
+
+}  // namespace

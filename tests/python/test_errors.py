@@ -3,6 +3,8 @@ naming the argument, and the executor stays usable."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,7 @@ def good_step(ex, p, rng):
 
 def test_hierarchy():
     assert issubclass(dg.InvalidArgument, dg.Error) and issubclass(dg.InvalidArgument, ValueError)
+    assert issubclass(dg.CorruptedStepReport, dg.InvalidArgument)
     assert issubclass(dg.OutOfMemory, dg.Error) and issubclass(dg.OutOfMemory, MemoryError)
     assert issubclass(dg.CudaError, dg.Error) and issubclass(dg.Error, RuntimeError)
     e = dg.CudaError("x", 700, True)
@@ -83,9 +86,35 @@ def test_bad_block_id_under_cheap_validation_is_reported_next(rng):
     tables = p.block_tables.copy()
     tables[1, 1] = p.num_blocks + 5
     ex.step(p.seq_lens, tables, np.full(2, -1, dtype=np.int64))  # cheap: ids are not read on the host
-    with pytest.raises(dg.InvalidArgument, match="block_tables"):
+    with pytest.raises(dg.CorruptedStepReport, match=r"block_tables\[1\]\[1\]") as e:
         ex.check_errors()
+    assert isinstance(e.value, dg.InvalidArgument)  # still caught by an InvalidArgument handler
+    assert (e.value.kind, e.value.sequence, e.value.block_table_column) == ("bad_block_id", 1, 1)
+    assert (e.value.first_step, e.value.last_step, e.value.step_refused) == (1, 1, False)
     ex.check_errors()  # reported once
+    good_step(ex, p, rng)
+
+
+def test_wrong_slot_under_cheap_validation_is_a_corrupted_step_report(rng):
+    # The slot of position seq_len instead of seq_len - 1 for sequence 0: kCheap runs the step, the
+    # append skips that slot, and the next step() raises, runs nothing, and names the sequence.
+    p = make_problem(rng, lens=[10, 20], width=3)
+    ex = host_executor(p, max_batch=2, max_seq_len=48, validation="cheap")
+    assert dg.CorruptedStepReport.__module__ == "decodegraph"
+    slots = slots_for(p.block_tables, p.seq_lens, 16)
+    slots[0] += 1  # position 10 = seq_len
+    ex.query(0)[:2] = random_array(rng, (2, p.spec.num_q_heads, p.spec.head_size), p.dtype)
+    ex.step(p.seq_lens, p.block_tables, slots)
+    with pytest.raises(dg.CorruptedStepReport) as e:
+        ex.step(p.seq_lens, p.block_tables, slots_for(p.block_tables, p.seq_lens, 16))
+    r = e.value
+    assert (r.kind, r.sequence, r.block_table_column, r.step_refused) == ("slot_mismatch", 0, -1, True)
+    assert r.first_step <= 1 == r.last_step
+    for part in ("inputs.slot_mapping[0]", "Re-prefill sequence 0", "submit its inputs again"):
+        assert part in str(r)
+    assert ex.stats().rejected_steps == 1 and ex.stats().bad_block_reports == 1
+    again = pickle.loads(pickle.dumps(r))
+    assert (type(again), again.kind, again.sequence, str(again)) == (dg.CorruptedStepReport, r.kind, 0, str(r))
     good_step(ex, p, rng)
 
 

@@ -187,6 +187,24 @@ def test_plans_stats_memory_are_plain_objects(rng):
     assert isinstance(m, dg.MemoryReport) and m.total == m.static_buffers + m.workspace + m.graphs > 0
 
 
+def test_plan_for_a_band_chosen_on_the_device_and_the_graph_ids(rng):
+    # kDevice (the default): graph_id names the bucket's graph, launch_id the band's launch; a result
+    # whose band the graph chose on the device (band -1, what device tensors give on CUDA) has no
+    # single plan: plan_for says where to look, plans_for(bucket) has every band's.
+    p = make_problem(rng, lens=[3, 700])
+    ex = host_executor(p, max_batch=2, max_seq_len=1024)
+    assert ex.band_select is dg.BandSelect.DEVICE
+    r = Loop(ex, p, rng).step([3, 700], p.block_tables)
+    assert r.graph_id == r.bucket and r.launch_id == ex.plan_for(r).graph_id and r.band == 1
+    g = ex.stats().graphs[0]
+    assert g.graph_id == r.graph_id and g.band_launch_ids[r.band] == r.launch_id
+    assert [x.graph_id for x in ex.plans_for(r.bucket)] == g.band_launch_ids
+    on_device = dataclasses.replace(r, band=-1, band_hi=0, launch_id=-1, band_on_device=True)
+    with pytest.raises(dg.InvalidArgument, match=r"step.band = -1 .*plans_for\(step.bucket\).*band_replays"):
+        ex.plan_for(on_device)
+    assert ex.plans_for(r.bucket)[1] == ex.plan_for(r)
+
+
 def test_step_body_host_callbacks(rng):
     # A whole step captured through the body: host work between the layers runs at every replay.
     p = make_problem(rng, dtype="fp32", layout="vllm", hq=4, hkv=1, d=64, bs=16, lens=[9, 30])

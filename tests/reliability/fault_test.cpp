@@ -254,6 +254,7 @@ TEST_P(HostFault, DuringRebindLayers) {
       dgtest::fill_uniform(rig.cfg.spec.dtype, nv.back().data(), rig.cache_elems(), rig.rng);
       layers[l].k_cache = nk.back().data();
       layers[l].v_cache = nv.back().data();
+      layers[l].k_cache_bytes = layers[l].v_cache_bytes = rig.cache_bytes();
     }
     fault::arm(site, skip, 1);
     bool threw = false;

@@ -121,6 +121,7 @@ struct Rig {
     for (int l = 0; l < cfg.num_layers; ++l) {
       cfg.layers[l].k_cache = k_caches[l].data();
       cfg.layers[l].v_cache = v_caches[l].data();
+      cfg.layers[l].k_cache_bytes = cfg.layers[l].v_cache_bytes = cache_bytes();
     }
   }
 

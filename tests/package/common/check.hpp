@@ -41,6 +41,8 @@ inline double dg_consumer_check() {
     dg::ExecutorConfig cfg;
     cfg.spec = spec;
     cfg.layers = {dg::LayerBuffers{k.data(), v.data()}};
+    cfg.layers[0].k_cache_bytes = k.size() * sizeof(k[0]);  // the host backend cannot ask for them
+    cfg.layers[0].v_cache_bytes = v.size() * sizeof(v[0]);
     cfg.max_batch = 2;
     cfg.max_seq_len = 64;
     cfg.num_blocks = blocks;
