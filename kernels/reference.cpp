@@ -14,6 +14,7 @@
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
 #include "decodegraph/numeric.hpp"
+#include "kernels/fp8_fields.hpp"
 #include "kernels/validate.hpp"
 
 namespace decodegraph::reference {
@@ -46,24 +47,11 @@ struct CacheIndex {
   }
 };
 
-// The value of an fp8 code: (-1)^s 2^(e - bias) (1 + m / 2^M), subnormals 2^(1 - bias) m / 2^M;
-// E4M3FN's S.1111.111 and E5M2's exponent 31 with m != 0 are NaN, E5M2's exponent 31 m = 0 inf.
-double fp8_value(KVCacheDType kv, uint8_t code) {
-  const bool e5m2 = kv == KVCacheDType::kFp8E5M2;
-  const int mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
-  const int e = (code & 0x7f) >> mbits, m = code & ((1 << mbits) - 1);
-  const double sign = (code & 0x80) ? -1.0 : 1.0;
-  if (e5m2 && e == 31) return m == 0 ? sign * INFINITY : NAN;
-  if (!e5m2 && (code & 0x7f) == 0x7f) return NAN;
-  if (e == 0) return sign * std::ldexp(double(m), 1 - bias - mbits);
-  return sign * std::ldexp(1.0 + double(m) / (1 << mbits), e - bias);
-}
-
 // Element i of a cache: the model dtype's value, or an fp8 code's value times its scale.
 double cache_value(const AttentionSpec& s, const void* cache, int64_t i, const float* scale, int kv_head) {
   if (s.kv_dtype == KVCacheDType::kAuto) return load_as_float(s.dtype, cache, static_cast<std::size_t>(i));
   const double sc = scale[s.kv_scale_per_head ? kv_head : 0];
-  return fp8_value(s.kv_dtype, static_cast<const uint8_t*>(cache)[i]) * sc;
+  return detail::fp8_value(s.kv_dtype, static_cast<const uint8_t*>(cache)[i]) * sc;
 }
 
 }  // namespace

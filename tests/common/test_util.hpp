@@ -17,6 +17,7 @@
 #include "decodegraph/error.hpp"
 #include "decodegraph/numeric.hpp"
 #include "decodegraph/types.hpp"
+#include "kernels/fp8_fields.hpp"
 
 namespace dgtest {
 
@@ -53,18 +54,9 @@ inline Buffer make_buffer(DType dtype, std::size_t n) {
   return Buffer(n * decodegraph::dtype_size(dtype));
 }
 
-/// The value of an fp8 code, spelled out from its bit fields (types.hpp's formats), independently of
-/// the library's codecs: the tests' yardstick for them.
-inline double fp8_value(decodegraph::KVCacheDType kv, std::uint8_t code) {
-  const bool e5m2 = kv == decodegraph::KVCacheDType::kFp8E5M2;
-  const int mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
-  const int e = (code & 0x7f) >> mbits, m = code & ((1 << mbits) - 1);
-  const double sign = (code & 0x80) ? -1.0 : 1.0;
-  if (e5m2 && e == 31) return m == 0 ? sign * INFINITY : NAN;
-  if (!e5m2 && (code & 0x7f) == 0x7f) return NAN;
-  if (e == 0) return sign * std::ldexp(double(m), 1 - bias - mbits);
-  return sign * std::ldexp(1.0 + double(m) / (1 << mbits), e - bias);
-}
+/// The value of an fp8 code, spelled out from its bit fields (kernels/fp8_fields.hpp), independently
+/// of the library's codecs: the tests' yardstick for them.
+using decodegraph::detail::fp8_value;
 
 /// Writes a NaN pattern into every element so untouched outputs are visible.
 inline void poison(DType dtype, void* buf, std::size_t n) {
