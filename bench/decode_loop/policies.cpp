@@ -46,9 +46,9 @@ std::string policies_report(const std::vector<PolicyRow>& rows, int batch, const
   return fmt::format(
       "\nkAuto and kThreshold per band (batch bucket {}; {} slots; this run: --policy {}):\n{}"
       "  The swap: above the threshold ({}) every policy replays V2. At or below it kThreshold runs V1,\n"
-      "  one block per (sequence, KV head), while kAuto runs V1 only where that fills the {} resident\n"
-      "  slots, and otherwise V2 with enough balanced partitions to fill them at the band's lower edge.\n",
-      batch, model.target_blocks(), policy, policies_table(rows), threshold, model.target_blocks());
+      "  one block per (sequence, KV head), while kAuto scores V1 and V2 at several partition sizes with\n"
+      "  the cost model and keeps the least worst-case regret over the band (predictions, not timings).\n",
+      batch, model.target_blocks(), policy, policies_table(rows), threshold);
 }
 
 json policies_json(const std::vector<PolicyRow>& rows) {

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "decodegraph/error.hpp"
+#include "kernels/cuda_check.hpp"
 #include "kernels/decode_params.cuh"
 #include "kernels/legacy/legacy.hpp"
 #include "kernels/legacy/paged_decode_legacy.cuh"
@@ -57,6 +58,7 @@ bool supports(const AttentionSpec& spec) {
 void paged_attention_v1(const DecodeArgs& args, Stream stream) {
   validate_decode_args(args);
   check_legacy_args(args);
+  (void)DG_CUDA_TAKE_PENDING("legacy::paged_attention_v1");  // so the launch checks report ours only
   kernels::DecodeParams p = params(args);
   p.partition_size = args.max_seq_len;
   p.max_partitions = 1;
@@ -69,6 +71,7 @@ void paged_attention_v2(const DecodeArgs& args, int partition_size, void* worksp
                         Stream stream) {
   const V2WorkspaceLayout ws = detail::validate_v2_args(args, partition_size, workspace, workspace_bytes);
   check_legacy_args(args);
+  (void)DG_CUDA_TAKE_PENDING("legacy::paged_attention_v2");
   char* base = static_cast<char*>(workspace);
   kernels::DecodeParams p = params(args);
   p.partition_size = partition_size;
