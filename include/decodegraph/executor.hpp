@@ -230,7 +230,7 @@ struct LayerBuffers {
   int64_t new_key_stride = 0;
   int64_t new_value_stride = 0;
   /// Optional: bytes from k_cache / v_cache to the end of their allocation (0 = not given). When
-  /// given, each must hold num_blocks blocks (num_blocks * block_elems() * dtype size), else the
+  /// given, each must hold num_blocks blocks (num_blocks * spec.block_bytes()), else the
   /// executor rejects the layer. The CUDA backend also asks the driver for the allocation's range
   /// and checks that, given or not; the host backend can only check what is given here.
   std::size_t k_cache_bytes = 0;
