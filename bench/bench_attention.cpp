@@ -1,6 +1,8 @@
 // GPU attention benchmarks: eager launches against graph replay, side by side, on named axes.
 //
 //   model    llama3-8b (32q/8kv), llama3-70b-tp8 (8q/1kv), mha (32q/32kv); head 128, block 16, bf16
+//   kv       the KV cache dtype (vLLM's kv_cache_dtype): auto (bf16), fp8_e4m3, fp8_e5m2 (scales
+//            1/256 in device memory; the bytes model counts one byte per cached value)
 //   layers   1, 32 (each layer its own KV cache)
 //   batch    1, 8, 32, 64, 128
 //   context  512, 1K, 2K, 4K, 8K, 8193, 16K, 32K, 64K, 128K (every sequence at this length)
@@ -63,6 +65,7 @@ const char* mode_name(Mode m) {
 
 struct Combo {
   const dgbench::ModelPreset* model;
+  dg::KVCacheDType kv;
   int layers, batch, context;
   int rotations;
   double total_bytes;  // KV bytes allocated
@@ -103,6 +106,7 @@ struct Workload {
   cudaStream_t stream = nullptr;
   std::vector<void*> device;  // every cudaMalloc, freed in the destructor
   std::vector<void*> k, v, q, out;
+  float* scales = nullptr;  // fp8: [num_kv_heads] of dgbench::kFillKvScale, K and V alike
   std::vector<int32_t*> d_tables;  // [rotations] each [batch, width], slices of one allocation
   int32_t* d_lens = nullptr;
   int32_t* h_lens = nullptr;                 // pinned
@@ -119,7 +123,13 @@ struct Workload {
     return p;
   }
 
-  explicit Workload(const Combo& c) : combo(c), spec(dgbench::spec_of(*c.model)) {
+  static dg::AttentionSpec spec_of(const Combo& c) {
+    dg::AttentionSpec s = dgbench::spec_of(*c.model);
+    s.kv_dtype = c.kv;
+    return s;
+  }
+
+  explicit Workload(const Combo& c) : combo(c), spec(spec_of(c)) {
     DGB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const int bs = spec.block_size;
     const int per_seq = (c.context + bs - 1) / bs;
@@ -129,13 +139,18 @@ struct Workload {
     const std::size_t cache_elems = static_cast<std::size_t>(num_blocks) * spec.block_elems();
     const std::size_t qo_elems = static_cast<std::size_t>(c.batch) * spec.num_q_heads * spec.head_size;
     for (int l = 0; l < c.layers; ++l) {
-      k.push_back(dmalloc(cache_elems * esize));
-      v.push_back(dmalloc(cache_elems * esize));
+      k.push_back(dmalloc(cache_elems * spec.kv_elem_size()));
+      v.push_back(dmalloc(cache_elems * spec.kv_elem_size()));
       q.push_back(dmalloc(qo_elems * esize));
       out.push_back(dmalloc(qo_elems * esize));
-      dgbench::fill_random_device(spec.dtype, k.back(), cache_elems, 100 + 4 * l, stream);
-      dgbench::fill_random_device(spec.dtype, v.back(), cache_elems, 101 + 4 * l, stream);
+      dgbench::fill_random_kv_device(spec, k.back(), cache_elems, 100 + 4 * l, stream);
+      dgbench::fill_random_kv_device(spec, v.back(), cache_elems, 101 + 4 * l, stream);
       dgbench::fill_random_device(spec.dtype, q.back(), qo_elems, 102 + 4 * l, stream);
+    }
+    if (spec.fp8_kv()) {
+      const std::vector<float> h(static_cast<std::size_t>(spec.num_kv_heads), dgbench::kFillKvScale);
+      scales = static_cast<float*>(dmalloc(h.size() * sizeof(float)));
+      DGB_CUDA_CHECK(cudaMemcpy(scales, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     // Rotation r owns a disjoint, shuffled set of blocks: slice r of one permutation of every block
     // id, made on the device, then copied to the pinned host tables the graph modes stage from.
@@ -191,6 +206,7 @@ struct Workload {
       lb.v_cache = v[l];
       lb.q = q[l];
       lb.out = out[l];
+      lb.k_scale = lb.v_scale = scales;
       cfg.layers.push_back(lb);
     }
     cfg.max_batch = combo.batch;
@@ -238,6 +254,7 @@ struct Workload {
       a.v_cache = v[l];
       a.block_tables = d_tables[r];
       a.seq_lens = d_lens;
+      a.k_scale = a.v_scale = scales;
       const bool plan_v1 = mode == Mode::kEagerPlan && plan_->kernel == dg::KernelKind::kV1;
       const int p = mode == Mode::kEagerV2P512 ? 512 : mode == Mode::kEagerV2P1024 ? 1024 : plan_->partition_size;
       const bool v1 = mode == Mode::kEagerV1 || plan_v1;
@@ -260,7 +277,7 @@ struct Workload {
 };
 
 std::string combo_key(const Combo& c) {
-  return dgbench::strf("%s/%d/%d/%d", c.model->name, c.layers, c.batch, c.context);
+  return dgbench::strf("%s/%s/%d/%d/%d", c.model->name, dg::to_string(c.kv), c.layers, c.batch, c.context);
 }
 
 /// The workload of combo c (built on first use), or nullptr when its caches do not fit in free memory.
@@ -399,13 +416,15 @@ void register_all() {
   const Mode modes[] = {Mode::kEagerV1,     Mode::kEagerV2P512, Mode::kEagerV2P1024,
                         Mode::kEagerPlan, Mode::kGraph,       Mode::kGraphCallback};
   int registered = 0, skipped = 0;
-  for (const char* model_name : {"llama3-8b", "llama3-70b-tp8", "mha"}) {
+  for (const char* model_name : {"llama3-8b", "llama3-70b-tp8", "mha"})
+  for (dg::KVCacheDType kv : {dg::KVCacheDType::kAuto, dg::KVCacheDType::kFp8E4M3, dg::KVCacheDType::kFp8E5M2}) {
     const dgbench::ModelPreset* model = dgbench::find_preset(model_name);
-    const dg::AttentionSpec spec = dgbench::spec_of(*model);
+    dg::AttentionSpec spec = dgbench::spec_of(*model);
+    spec.kv_dtype = kv;
     for (int layers : {1, 32}) {
       for (int batch : batches) {
         for (int context : contexts) {
-          Combo c{model, layers, batch, context, rotations_for(spec, layers, batch, context), 0};
+          Combo c{model, kv, layers, batch, context, rotations_for(spec, layers, batch, context), 0};
           const int per_seq = (context + spec.block_size - 1) / spec.block_size;
           c.total_bytes = static_cast<double>(layers) * c.rotations *
                           dgbench::kv_bytes(spec, static_cast<long long>(batch) * per_seq * spec.block_size);
@@ -418,8 +437,9 @@ void register_all() {
             for (bool legacy : {false, true}) {
               if (legacy && !(eager && dg::legacy::supports(spec))) continue;
               const std::string name =
-                  dgbench::strf("BM_Attention/model:%s/layers:%d/batch:%d/context:%d/mode:%s/kernel:%s", model_name,
-                                layers, batch, context, mode_name(m), legacy ? "legacy" : "new");
+                  dgbench::strf("BM_Attention/model:%s/kv:%s/layers:%d/batch:%d/context:%d/mode:%s/kernel:%s",
+                                model_name, dg::to_string(kv), layers, batch, context, mode_name(m),
+                                legacy ? "legacy" : "new");
               benchmark::RegisterBenchmark(name.c_str(), BM_Attention, c, m, legacy)->UseManualTime()->Unit(
                   benchmark::kMicrosecond);
               ++registered;

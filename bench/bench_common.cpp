@@ -41,8 +41,7 @@ AttentionSpec spec_of(const ModelPreset& preset) {
 }
 
 double kv_bytes(const AttentionSpec& spec, long long len) {
-  return 2.0 * static_cast<double>(len) * spec.num_kv_heads * spec.head_size *
-         static_cast<double>(decodegraph::dtype_size(spec.dtype));
+  return 2.0 * static_cast<double>(len) * spec.num_kv_heads * spec.head_size * static_cast<double>(spec.kv_elem_size());
 }
 
 double attention_bytes(const AttentionSpec& spec, const int32_t* seq_lens, int num_seqs,
@@ -90,6 +89,17 @@ void fill_random_host(DType dtype, void* buf, std::size_t n, std::uint64_t seed)
   }
   // A draw of exactly 0 everywhere is impossible in practice; make it impossible in fact.
   if (n > 0) decodegraph::store_from_float(dtype, buf, 0, 0.5f);
+}
+
+void fill_random_kv_host(const AttentionSpec& spec, void* buf, std::size_t n, std::uint64_t seed) {
+  if (!spec.fp8_kv()) return fill_random_host(spec.dtype, buf, n, seed);
+  std::uint64_t state = seed * 0x2545f4914f6cdd1dull + 1;
+  auto* codes = static_cast<std::uint8_t*>(buf);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(splitmix64(state) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    codes[i] = decodegraph::float_to_fp8_bits(spec.kv_dtype, v / kFillKvScale);
+  }
+  if (n > 0) codes[0] = decodegraph::float_to_fp8_bits(spec.kv_dtype, 0.5f / kFillKvScale);
 }
 
 std::string format_bytes(double bytes) {

@@ -53,7 +53,7 @@ const ModelPreset* find_preset(std::string_view name);
 decodegraph::AttentionSpec spec_of(const ModelPreset& preset);
 
 /// The bytes model (docs/design.md, "Performance model"): bytes of one layer's attention for one step:
-///   sum over sequences of 2 * len * kv_heads * head_size * bytes(dtype)   (K and V read)
+///   sum over sequences of 2 * len * kv_heads * head_size * bytes(kv)      (K and V read; fp8: 1)
 ///   + q read and out written                                           (num_seqs x q_heads x D each)
 ///   + V2 only: partials written by pass 1 and read by pass 2, per partition (max logit, exp sum and
 ///     head_size partial outputs, fp32), for each sequence's ceil(len/P) partitions.
@@ -69,6 +69,14 @@ double percentile(std::vector<double> values, double p);
 /// Seeded uniform values in [-1, 1) rounded to dtype (splitmix64: fast enough for GBs of cache).
 /// Never all zeros.
 void fill_random_host(decodegraph::DType dtype, void* buf, std::size_t n, std::uint64_t seed);
+
+/// The scale of fp8 caches the fills write: codes of uniform values in [-1, 1) / kFillKvScale, so
+/// that code * kFillKvScale is in [-1, 1) like the other dtypes' fills (codes up to 256: E4M3's
+/// max is 448).
+inline constexpr float kFillKvScale = 1.0f / 256;
+/// A KV cache of `spec` (n elements): fill_random_host for kv_dtype auto, else fp8 codes of
+/// uniform [-1, 1) / kFillKvScale. Never all zeros.
+void fill_random_kv_host(const decodegraph::AttentionSpec& spec, void* buf, std::size_t n, std::uint64_t seed);
 
 /// "1.5 GiB", "512 KiB".
 std::string format_bytes(double bytes);
@@ -91,6 +99,9 @@ struct ReadBandwidth {
 /// Seeded uniform values in [-1, 1) rounded to dtype, written on the device (bench/device_fill.cu).
 void fill_random_device(decodegraph::DType dtype, void* buf, std::size_t n, std::uint64_t seed,
                         cudaStream_t stream);
+/// fill_random_kv_host's values, written on the device.
+void fill_random_kv_device(const decodegraph::AttentionSpec& spec, void* buf, std::size_t n, std::uint64_t seed,
+                           cudaStream_t stream);
 
 /// ids[0..n) = a seeded uniform random permutation of 0..n-1, written on `stream` (asynchronous;
 /// bench/device_tables.cu). Slices of it are disjoint, shuffled block tables.

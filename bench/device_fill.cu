@@ -7,6 +7,7 @@
 #include <thrust/tabulate.h>
 
 #include "bench_common.hpp"
+#include "decodegraph/numeric.hpp"
 
 namespace dgbench {
 namespace {
@@ -38,6 +39,17 @@ struct RandomElement {
   }
 };
 
+/// fp8 caches: element i's code of hash_uniform / kFillKvScale (numeric.hpp's rounding).
+struct RandomCode {
+  unsigned long long seed;
+  decodegraph::KVCacheDType kv;
+  __device__ std::uint8_t operator()(std::ptrdiff_t i) const {
+    const float v = (i == 0 ? 0.5f : hash_uniform(static_cast<unsigned long long>(i), seed)) / kFillKvScale;
+    return kv == decodegraph::KVCacheDType::kFp8E5M2 ? decodegraph::float_to_fp8_e5m2_bits(v)
+                                                      : decodegraph::float_to_fp8_e4m3_bits(v);
+  }
+};
+
 template <typename T>
 void fill(void* buf, std::size_t n, unsigned long long seed, cudaStream_t stream) {
   T* p = static_cast<T*>(buf);
@@ -47,6 +59,15 @@ void fill(void* buf, std::size_t n, unsigned long long seed, cudaStream_t stream
 }
 
 }  // namespace
+
+void fill_random_kv_device(const decodegraph::AttentionSpec& spec, void* buf, std::size_t n, std::uint64_t seed,
+                           cudaStream_t stream) {
+  if (!spec.fp8_kv()) return fill_random_device(spec.dtype, buf, n, seed, stream);
+  if (n == 0) return;
+  auto* p = static_cast<std::uint8_t*>(buf);
+  thrust::tabulate(thrust::cuda::par_nosync.on(stream), p, p + n,
+                   RandomCode{seed * 0x2545f4914f6cdd1dull + 1, spec.kv_dtype});
+}
 
 void fill_random_device(decodegraph::DType dtype, void* buf, std::size_t n, std::uint64_t seed,
                         cudaStream_t stream) {

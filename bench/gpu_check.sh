@@ -16,6 +16,7 @@
 #          DEADLINE_S          whole-run budget in seconds, default 470
 #          BENCH_FILTER        Google Benchmark filter for bench_attention's bandwidth run (default: below)
 #          BENCH_LAUNCH_FILTER the same for its launch-bound run
+#          BENCH_FP8_FILTER    the same for its fp8 run (E4M3 caches in graph mode, beside bf16)
 #          SANITIZE_FILTER     gtest filter for memcheck/initcheck on dg_gpu_kernel_tests
 #          SANITIZE_LIGHT_FILTER  the same for racecheck/synccheck (slower tools, lighter cases)
 set -uo pipefail
@@ -205,9 +206,11 @@ if ((built)); then
   # Bounded, and in two runs with their own JSON (a run cut by its timeout loses only its own file).
   # Launch-bound: llama3-8b, 32 layers, batch 1, context <= 2K; graph vs the same plan launched eagerly,
   # and vs eager V1. Bandwidth: 1 layer at batch 1, 8 and 64; the plan eagerly (new and legacy pass 1
-  # side by side) and as a graph; both bandwidth ceilings first.
-  launch_filter=${BENCH_LAUNCH_FILTER:-'BM_Attention/model:llama3-8b/layers:32/batch:1/context:(512|2048)/mode:(eager_v1|eager_plan|graph)/'}
-  bench_filter=${BENCH_FILTER:-'BM_ReadBandwidth|BM_CopyBandwidth|BM_Attention/model:llama3-8b/layers:1/batch:(1|8|64)/context:(2048|8192|8193|32768|131072)/mode:(eager_plan|graph)/'}
+  # side by side) and as a graph; both bandwidth ceilings first. fp8 E4M3 (issue 25): the graph at
+  # long context, beside bf16's rows.
+  launch_filter=${BENCH_LAUNCH_FILTER:-'BM_Attention/model:llama3-8b/kv:auto/layers:32/batch:1/context:(512|2048)/mode:(eager_v1|eager_plan|graph)/'}
+  bench_filter=${BENCH_FILTER:-'BM_ReadBandwidth|BM_CopyBandwidth|BM_Attention/model:llama3-8b/kv:auto/layers:1/batch:(1|8|64)/context:(2048|8192|8193|32768|131072)/mode:(eager_plan|graph)/'}
+  fp8_filter=${BENCH_FP8_FILTER:-'BM_ReadBandwidth|BM_Attention/model:llama3-8b/kv:fp8_e4m3/layers:1/batch:(1|8|64)/context:(8192|32768|131072)/mode:graph/'}
   bench_attn=$(bin bench_attention bench)
   bench_step=$(bin bench_step bench)
   if [[ -n $bench_attn ]]; then
@@ -217,6 +220,9 @@ if ((built)); then
     run_stage bench-attention-bw "$out/bench_attention_bw.log" 150 "$bench_attn" \
       --benchmark_filter="$bench_filter" --benchmark_min_time=0.1 \
       --benchmark_out="$out/bench_attention_bw.json" --benchmark_out_format=json
+    run_stage bench-attention-fp8 "$out/bench_attention_fp8.log" 60 "$bench_attn" \
+      --benchmark_filter="$fp8_filter" --benchmark_min_time=0.1 \
+      --benchmark_out="$out/bench_attention_fp8.json" --benchmark_out_format=json
   else
     note bench-attention SKIP 0 "bench_attention not built"
   fi
@@ -249,9 +255,10 @@ fi
 
 # ---------------------------------------------------------------- targets from the JSON
 if command -v python3 >/dev/null 2>&1; then
-  python3 - "$out/bench_attention_launch.json" "$out/bench_attention_bw.json" >"$out/targets.txt" 2>&1 <<'PY'
+  python3 - "$out/bench_attention_launch.json" "$out/bench_attention_bw.json" "$out/bench_attention_fp8.json" \
+    >"$out/targets.txt" 2>&1 <<'PY'
 import json, os, re, sys
-rows, ceilings = {}, []
+rows, fp8, ceilings = {}, {}, []
 for f in sys.argv[1:]:
     if not os.path.exists(f):
         print("%s: missing (stage failed or cut)" % os.path.basename(f))
@@ -259,9 +266,11 @@ for f in sys.argv[1:]:
     for b in json.load(open(f)).get("benchmarks", []):
         if b["name"].startswith(("BM_ReadBandwidth", "BM_CopyBandwidth")) and "GBps" in b:
             ceilings.append("%s: %.0f GB/s" % (b["name"].split("/")[0], b["GBps"]))
-        m = re.match(r"BM_Attention/model:([^/]+)/layers:(\d+)/batch:(\d+)/context:(\d+)/mode:(\w+)/kernel:(\w+)", b["name"])
+        m = re.match(r"BM_Attention/model:([^/]+)/kv:(\w+)/layers:(\d+)/batch:(\d+)/context:(\d+)/mode:(\w+)/kernel:(\w+)",
+                     b["name"])
         if m and "us_per_step" in b:
-            rows[(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), m.group(5), m.group(6))] = b
+            key = (m.group(1), int(m.group(3)), int(m.group(4)), int(m.group(5)), m.group(6), m.group(7))
+            (rows if m.group(2) == "auto" else fp8)[key] = b
 print("\n".join(ceilings))
 print("target 1: graph replay >= 3x eager, 32 layers, context <= 2K, batch 1 (eager = the same plan launched eagerly)")
 for (model, layers, batch, ctx, mode, kern), b in sorted(rows.items()):
@@ -278,6 +287,13 @@ for (model, layers, batch, ctx, mode, kern), b in sorted(rows.items()):
         p = b.get("pct_read_bw", 0)
         print("  layers %2d batch %d ctx %6d: %.0f GB/s = %.1f%% of read, %.1f%% of copy %s" % (layers, batch, ctx,
               b.get("GBps", 0), p, b.get("pct_copy_bw", 0), "MET" if p >= 85 else "MISSED"))
+print("fp8 E4M3 against bf16 (graph, 1 layer): us p50, GB/s of the bytes each reads, % of read bandwidth")
+for (model, layers, batch, ctx, mode, kern), b in sorted(fp8.items()):
+    o = rows.get((model, layers, batch, ctx, mode, kern))
+    print("  batch %2d ctx %6d: fp8 %.1f us %.0f GB/s (%.1f%%) | bf16 %s" % (batch, ctx, b["us_per_step"],
+          b.get("GBps", 0), b.get("pct_read_bw", 0),
+          "%.1f us %.0f GB/s -> fp8 is %.2fx" % (o["us_per_step"], o.get("GBps", 0), o["us_per_step"] / b["us_per_step"])
+          if o else "-"))
 print("pass 1 new vs legacy (eager_plan, 1 layer): us p50 / GB/s")
 for (model, layers, batch, ctx, mode, kern), b in sorted(rows.items()):
     if mode == "eager_plan" and layers == 1 and kern == "new":

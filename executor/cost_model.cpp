@@ -159,13 +159,14 @@ double merge_us(const ExecutorConfig& c, const BucketPlan& p, int n, const CostC
 
 CostBreakdown predict_call(const ExecutorConfig& c, const BucketPlan& p, int len, const CostConstants& k) {
   const AttentionSpec& s = c.spec;
-  const double esize = static_cast<double>(dtype_size(s.dtype));
+  const double esize = static_cast<double>(dtype_size(s.dtype));       // q and out
+  const double kv_esize = static_cast<double>(s.kv_elem_size());      // the cache (1 for fp8)
   const bool v2 = p.kernel == KernelKind::kV2;
   len = std::max(1, std::min(len, p.launch_len > 0 ? p.launch_len : len));  // the kernels clamp to it
   const int chunks = kernels::pass1_head_chunks_for(s.group_size());
   const int group = s.num_q_heads / s.num_kv_heads;
   const double heads_per_block = static_cast<double>((group + chunks - 1) / chunks);
-  const double kv_token = 2.0 * s.head_size * esize;           // K + V of one KV head
+  const double kv_token = 2.0 * s.head_size * kv_esize;        // K + V of one KV head
   const double partial_row = (s.head_size + 2.0) * 4.0;        // one q head's fp32 partials
   const long long rows = static_cast<long long>(p.batch) * s.num_kv_heads * chunks;
   const long long slots = static_cast<long long>(c.device_model.target_blocks());

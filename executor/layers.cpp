@@ -51,7 +51,7 @@ void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const
     const int64_t q_row = static_cast<int64_t>(spec.num_q_heads) * spec.head_size;
     const int64_t kv_row = static_cast<int64_t>(spec.num_kv_heads) * spec.head_size;
     const std::string cache_text = "at least num_blocks x block bytes = " + std::to_string(cfg_.num_blocks) + " x " +
-                                   std::to_string(spec.block_elems() * esize) + " = " + std::to_string(need_cache) +
+                                   std::to_string(spec.block_bytes()) + " = " + std::to_string(need_cache) +
                                    " bytes";
     auto check = [&](const void* ptr, const char* name, std::size_t need, const std::string& need_text) {
       if (ptr == nullptr) return;
@@ -72,6 +72,12 @@ void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const
     check(lb.out, "out", ob, rows_text(ob));
     check(lb.new_key, "new_key", kb, rows_text(kb));
     check(lb.new_value, "new_value", vb, rows_text(vb));
+    if (spec.fp8_kv()) {
+      const std::size_t sb = sizeof(float) * static_cast<std::size_t>(spec.kv_scale_count());
+      const std::string st = "at least " + std::to_string(sb) + " bytes (spec.kv_scale_count() fp32 values)";
+      check(lb.k_scale, "k_scale", sb, st);
+      check(lb.v_scale, "v_scale", sb, st);
+    }
   }
 }
 

@@ -7,18 +7,21 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <cstdio>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
 #include "executor/cost_model.hpp"
 #include "executor/layer_groups.hpp"
 #include "executor/plan_book.hpp"
+#include "executor/log.hpp"
 #include "kernels/decode_policy.hpp"
 #include "kernels/merge_policy.hpp"
 #include "kernels/occupancy.hpp"
@@ -226,8 +229,7 @@ ExecutorConfig resolve_planning(ExecutorConfig c) {
 }
 
 std::size_t cache_bytes_needed(const ExecutorConfig& c, int layer) {
-  const AttentionSpec& s = layer_spec(c, layer);
-  return static_cast<std::size_t>(c.num_blocks) * s.block_elems() * dtype_size(s.dtype);
+  return static_cast<std::size_t>(c.num_blocks) * layer_spec(c, layer).block_bytes();
 }
 
 void check_layer_buffers(const std::vector<LayerBuffers>& layers, const ExecutorConfig& c) {
@@ -237,6 +239,15 @@ void check_layer_buffers(const std::vector<LayerBuffers>& layers, const Executor
     const std::string p = "layers[" + std::to_string(l) + "]";
     require(layers[l].k_cache != nullptr, p + ".k_cache", "null", "a KV cache pointer");
     require(layers[l].v_cache != nullptr, p + ".v_cache", "null", "a KV cache pointer");
+    const AttentionSpec& ls = layer_spec(c, l);  // fp8 may differ per layer
+    if (ls.fp8_kv()) {
+      const std::string allowed = "a pointer to " + std::to_string(ls.kv_scale_count()) +
+                                  " fp32 value(s) aligned to 4 bytes (required with kv_dtype " +
+                                  to_string(ls.kv_dtype) + ")";
+      for (auto [ptr, name] : {std::pair{layers[l].k_scale, ".k_scale"}, std::pair{layers[l].v_scale, ".v_scale"}})
+        require(ptr != nullptr && reinterpret_cast<std::uintptr_t>(ptr) % alignof(float) == 0, p + name,
+                ptr == nullptr ? std::string("null") : ptr_text(ptr), allowed);
+    }
   }
   if (c.num_blocks < 1) return;  // reported by the caller's own check, with its message
   const std::size_t esize = dtype_size(c.spec.dtype);  // every layer's (validate_layer_specs)
@@ -249,7 +260,7 @@ void check_layer_buffers(const std::vector<LayerBuffers>& layers, const Executor
     const int64_t kv_row = static_cast<int64_t>(s.num_kv_heads) * s.head_size;
     const std::size_t need = cache_bytes_needed(c, l);
     const std::string need_text = "at least num_blocks x block bytes = " + std::to_string(c.num_blocks) + " x " +
-                                  std::to_string(s.block_elems() * esize) + " = " + std::to_string(need) + " bytes";
+                                  std::to_string(s.block_bytes()) + " = " + std::to_string(need) + " bytes";
     // The kernels move rows in 16-byte chunks; executor-owned buffers are contiguous.
     auto stride = [&](int64_t s, const void* ptr, const char* name, int64_t row) {
       if (s == 0) return;

@@ -96,6 +96,8 @@ void Recorder::append(const BucketPlan& plan, int layer) {
   a.k_cache = lb.k_cache;
   a.v_cache = lb.v_cache;
   a.slot_mapping = targets_.inputs.slot_mapping;
+  a.k_scale = lb.k_scale;  // NOTE(graph): fp8 scales are read when the append runs
+  a.v_scale = lb.v_scale;
   // NOTE(graph): the staged lengths and tables: each slot is checked against its position (one
   // compare per token) and a wrong one skipped and reported through the bad-block flag.
   a.seq_lens = targets_.inputs.seq_lens;
@@ -145,6 +147,8 @@ void Recorder::attention(const BucketPlan& p, int layer, const void* q, void* ou
   a.block_tables = targets_.inputs.block_tables;
   a.seq_lens = targets_.inputs.seq_lens;
   a.alibi_slopes = targets_.alibi;
+  a.k_scale = lb.k_scale;  // NOTE(graph): fp8 scales are read when the kernel runs, not baked
+  a.v_scale = lb.v_scale;
   a.bad_block = targets_.bad_block;  // NOTE(graph): fixed address; ids are clamped, the first bad one reported
   if (p.kernel == KernelKind::kV1)
     backend_.attention_v1(a);

@@ -10,7 +10,12 @@
 // in bad_slot (append_report.hpp: one compare per token). key / value rows are key_stride / value_stride elements apart (a fused
 // QKV buffer).
 //
-// Mapping. One block per token; threads over the token's kv_heads x head_size/CE 16-byte chunks.
+// fp8 caches quantise: each element becomes the code of x / scale (fp32 division, then round to
+// nearest even, saturated to +-max, NaN -> 0x7f: float_to_fp8_*_bits in numeric.hpp, the host
+// append's own function, so both write the same bits); scale = k_scale / v_scale [0 or the head].
+//
+// Mapping. One block per token; threads over the token's kv_heads x head_size/CE 16-byte chunks of
+// the cache (CE = 16 / cache element size: 16 codes for fp8, read from 32 bytes of key / value).
 // K (both layouts) and V (NHD) are stored as 16-byte vectors; V in the vLLM layout
 // ([blocks, kv_heads, head_size, block_size]) has the head dimension strided by block_size, so its
 // chunk is scattered element by element.
@@ -23,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decodegraph/fault.hpp"
 #include "kernels/append_report.hpp"
@@ -37,9 +43,37 @@ inline constexpr int kAppendThreads = 128;
 
 // ---------------------------------------------------------------- device body
 
-template <typename T>
+/// One 16-byte chunk of cache elements from CE = 16 / sizeof(KV) input elements at `src`: the
+/// input's bits (KV = T), or the fp8 codes of x / scale.
+template <typename T, typename KV>
+__device__ __forceinline__ uint4 append_chunk(const T* src, float scale) {
+  constexpr int CE = 16 / sizeof(KV);
+  if constexpr (std::is_same_v<T, KV>) {
+    return __ldg(reinterpret_cast<const uint4*>(src));
+  } else {
+    static_assert(sizeof(KV) == 1 && sizeof(T) == 2, "fp8 caches take fp16 / bf16 key and value");
+    Chunk<uint8_t> out;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint4 w = __ldg(reinterpret_cast<const uint4*>(src) + half);
+      Chunk<T> in;
+      in.raw = w;
+#pragma unroll
+      for (int e = 0; e < CE / 2; ++e) {
+        T v;
+        memcpy(&v, &in.bits[e], sizeof v);
+        const float x = to_float(v) / scale;
+        out.bits[half * (CE / 2) + e] = std::is_same_v<KV, __nv_fp8_e5m2> ? float_to_fp8_e5m2_bits(x)
+                                                                           : float_to_fp8_e4m3_bits(x);
+      }
+    }
+    return out.raw;
+  }
+}
+
+template <typename T, typename KV>
 __device__ __forceinline__ void append_kv_body(const AppendParams& p) {
-  constexpr int CE = 16 / sizeof(T);
+  constexpr int CE = 16 / sizeof(KV);
   const int token = blockIdx.x;
   const int64_t slot = p.slot_mapping[token];
   if (slot < 0) return;  // padding token
@@ -57,21 +91,27 @@ __device__ __forceinline__ void append_kv_body(const AppendParams& p) {
   const int per_head = D / CE;
   const T* key = static_cast<const T*>(p.key) + token * p.key_stride;
   const T* value = static_cast<const T*>(p.value) + token * p.value_stride;
-  T* k_cache = static_cast<T*>(p.k_cache);
-  T* v_cache = static_cast<T*>(p.v_cache);
+  KV* k_cache = static_cast<KV*>(p.k_cache);
+  KV* v_cache = static_cast<KV*>(p.v_cache);
 
   for (int c = threadIdx.x; c < H * per_head; c += blockDim.x) {
     const int h = c / per_head;
     const int d = (c % per_head) * CE;
-    const uint4 kw = __ldg(reinterpret_cast<const uint4*>(key + h * D + d));
-    const uint4 vw = __ldg(reinterpret_cast<const uint4*>(value + h * D + d));
+    float ks = 1.0f, vs = 1.0f;
+    if constexpr (!std::is_same_v<T, KV>) {
+      const int si = p.scale_per_head ? h : 0;
+      ks = __ldg(p.k_scale + si);
+      vs = __ldg(p.v_scale + si);
+    }
+    const uint4 kw = append_chunk<T, KV>(key + h * D + d, ks);
+    const uint4 vw = append_chunk<T, KV>(value + h * D + d, vs);
     *reinterpret_cast<uint4*>(k_cache + math::k_offset(p.layout, blk, h, off, d, H, D, bs, CE)) = kw;
     if (p.layout == KVLayout::kNHD) {
       *reinterpret_cast<uint4*>(v_cache + math::v_offset(p.layout, blk, h, off, d, H, D, bs)) = vw;
     } else {
-      Chunk<T> vc;
+      Chunk<KV> vc;
       vc.raw = vw;
-      Bits<T>* vb = reinterpret_cast<Bits<T>*>(v_cache);
+      Bits<KV>* vb = reinterpret_cast<Bits<KV>*>(v_cache);
 #pragma unroll
       for (int e = 0; e < CE; ++e) vb[math::v_offset(p.layout, blk, h, off, d + e, H, D, bs)] = vc.bits[e];
     }
@@ -80,18 +120,18 @@ __device__ __forceinline__ void append_kv_body(const AppendParams& p) {
 
 // ---------------------------------------------------------------- kernel
 
-template <typename T>
+template <typename T, typename KV>
 __global__ void __launch_bounds__(kAppendThreads) AppendKVKernel(const __grid_constant__ AppendParams p) {
-  append_kv_body<T>(p);
+  append_kv_body<T, KV>(p);
 }
 
 // ---------------------------------------------------------------- launcher
 
-template <typename T>
+template <typename T, typename KV>
 void launch_append_kv(const AppendParams& p, cudaStream_t stream) {
   if (fault::should_fail(fault::Site::kKernelLaunch))
     fault::throw_injected(fault::Site::kKernelLaunch, "launch of AppendKVKernel");
-  AppendKVKernel<T><<<static_cast<unsigned>(p.num_tokens), kAppendThreads, 0, stream>>>(p);
+  AppendKVKernel<T, KV><<<static_cast<unsigned>(p.num_tokens), kAppendThreads, 0, stream>>>(p);
   DG_CUDA_CHECK_LAUNCH("AppendKVKernel");
 }
 

@@ -72,6 +72,15 @@ const char* to_string(DType dtype) {
   return "invalid-dtype";
 }
 
+const char* to_string(KVCacheDType kv_dtype) {
+  switch (kv_dtype) {
+    case KVCacheDType::kAuto: return "auto";
+    case KVCacheDType::kFp8E4M3: return "fp8_e4m3";
+    case KVCacheDType::kFp8E5M2: return "fp8_e5m2";
+  }
+  return "invalid-kv-dtype";
+}
+
 const char* to_string(KVLayout layout) {
   switch (layout) {
     case KVLayout::kVLLM: return "vllm";
@@ -104,9 +113,19 @@ KVLayout parse_layout(const std::string& name) {
   throw_invalid("layout", "\"" + name + "\"", "vllm, nhd");
 }
 
+KVCacheDType parse_kv_cache_dtype(const std::string& name) {
+  const std::string n = lower(name);
+  if (n == "auto") return KVCacheDType::kAuto;
+  if (n == "fp8" || n == "fp8_e4m3") return KVCacheDType::kFp8E4M3;
+  if (n == "fp8_e5m2") return KVCacheDType::kFp8E5M2;
+  throw_invalid("kv_cache_dtype", "\"" + name + "\"", "auto, fp8, fp8_e4m3, fp8_e5m2");
+}
+
 float AttentionSpec::effective_scale() const {
   return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
 }
+
+std::size_t AttentionSpec::kv_elem_size() const { return fp8_kv() ? 1 : dtype_size(dtype); }
 
 std::size_t AttentionSpec::block_elems() const {
   return static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_kv_heads) *
@@ -128,6 +147,14 @@ void validate_spec(const AttentionSpec& spec) {
   require(d >= 0 && d <= 2, "dtype", d, kDTypeAllowed);
   const int l = static_cast<int>(spec.layout);
   require(l >= 0 && l <= 1, "layout", l, kLayoutAllowed);
+  const int kv = static_cast<int>(spec.kv_dtype);
+  require(kv >= 0 && kv <= 2, "kv_dtype", kv, "0 (auto), 1 (fp8_e4m3), 2 (fp8_e5m2)");
+  // fp8 caches run on the fp16 tensor-core math (kernels/tensor_core_math.cuh): q converts to
+  // fp16 exactly from fp16 or bf16, not from fp32.
+  if (spec.fp8_kv())
+    require(spec.dtype == DType::kFloat16 || spec.dtype == DType::kBFloat16, "dtype",
+            std::string(to_string(spec.dtype)) + " with kv_dtype " + to_string(spec.kv_dtype),
+            "fp16 or bf16 with an fp8 KV cache (fp32 pairs only with kv_dtype auto)");
   // A negative scale is a sign error in the caller, not a request for the default (0 is).
   require(std::isfinite(spec.scale) && spec.scale >= 0.0f, "spec.scale", spec.scale,
           "0 (selects 1/sqrt(head_size)) or a finite value > 0");

@@ -87,6 +87,28 @@ DG_HD MaxStep online_max2(float m_old, float tile_max) {
 /// cancels in acc / l; exp sums leave the kernel unscaled. bf16 has fp32's range: no scale.
 inline constexpr int kTcWeightShiftFp16 = 15;
 
+// ---------------------------------------------------------------- fp8 caches (the tensor-core math)
+// The kernels fold the dequantisation scales into the logit and the output (tensor_core_math.cuh):
+// logit2 = q.k_code * scale2 with scale2 = fp8_scale2(...), output = acc / l * v_scale.
+
+/// 2^s as a float, for s in [-126, 127].
+DG_HD float pow2f(int s) { return bits_float(static_cast<uint32_t>(s + 127) << 23); }
+
+/// bf16 q with an fp8 cache: the exponent s (in [-126, 126]) by which a q row whose largest
+/// magnitude is amax is scaled before it converts to fp16, so that amax lands in [2^14, 2^15) (0
+/// for an all-zero row; an inf or NaN row keeps its inf / NaN). The conversion is then exact for
+/// every element above 2^-38 of amax (fp16's subnormals hold the rest to 2^-24 absolutely).
+DG_HD int fp8_q_shift(float amax) {
+  if (amax == 0.0f) return 0;
+  const int e = static_cast<int>((float_bits(amax) >> 23) & 0xffu) - 127;  // floor(log2); -127: subnormal
+  const int s = 14 - e;
+  return s < -126 ? -126 : (s > 126 ? 126 : s);
+}
+
+/// The base-2 logit scale of an fp8 cache's row: scale * log2(e) * k_scale * unshift, unshift =
+/// 2^-s of the row's q scaling (1 for fp16 q). The kernels and the host multiply in this order.
+DG_HD float fp8_scale2(float scale, float k_scale, float unshift) { return scale * kLog2e * k_scale * unshift; }
+
 /// 2^(x - m), 0 when x is -inf (the merge of the CUDA-core math's row slices, in exp2f).
 DG_HD float exp2_shifted(float x, float m) { return x == -INFINITY ? 0.0f : exp2f(x - m); }
 

@@ -1,5 +1,5 @@
-// Kernel parameter structs and the declarations of the per-(dtype, head_size, layout) launch
-// functions. launch.cu includes only this header; the definitions live in paged_decode.cuh /
+// Kernel parameter structs and the declarations of the per-(dtype, cache type, head_size, layout)
+// launch functions. launch.cu includes only this header; the definitions live in paged_decode.cuh /
 // merge_partitions.cuh / append_kv.cuh and are instantiated in inst/*.cu (one dtype x layout per
 // file, so they compile in parallel).
 #pragma once
@@ -24,6 +24,14 @@ struct DecodeParams {
   const int32_t* block_tables = nullptr;
   const int32_t* seq_lens = nullptr;
   const float* alibi_slopes = nullptr;
+  /// fp8 caches: fp32 dequantisation scales, [num_kv_heads] when scale_per_head, else [1]; read
+  /// once per block (NOTE(graph): from memory, so a graph replay sees new values).
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  bool scale_per_head = false;
+  /// fp8 caches: q and out are bf16 (else fp16). The fp8 kernels' mma runs on fp16 either way, so
+  /// the model dtype is a run-time choice outside the main loop, not a second instantiation.
+  bool io_bf16 = false;
   // V2 partials (fp32), see V2WorkspaceLayout; null for V1.
   float* max_logits = nullptr;
   float* exp_sums = nullptr;
@@ -96,6 +104,10 @@ struct AppendParams {
   int head_size = 0;
   int block_size = 0;
   KVLayout layout = KVLayout::kVLLM;
+  /// fp8 caches: the quantisation scales (as DecodeParams'); null otherwise.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  bool scale_per_head = false;
 };
 
 // ---------------------------------------------------------------- launchers (inst/*.cu)
@@ -104,22 +116,25 @@ struct AppendParams {
 // capturable.
 
 /// V1 (params.write_partials = false) or V2 pass 1 over grid (partitions, kv_heads x head chunks, seqs).
-template <typename T, int D, KVLayout kLayout>
+/// T: the element type of q, out and the math; KV: of the cache (T, or __nv_fp8_e4m3 /
+/// __nv_fp8_e5m2 with T = __half and q / out fp16 or bf16 by params.io_bf16: inst/decode_fp8*.cu).
+template <typename T, typename KV, int D, KVLayout kLayout>
 void launch_paged_decode(DecodeParams params, cudaStream_t stream);
 /// cudaOccupancyMaxActiveBlocksPerMultiprocessor of that pass-1 kernel at the block size and
 /// dynamic shared memory (none) launch_paged_decode uses for a GQA group size.
-template <typename T, int D, KVLayout kLayout>
+template <typename T, typename KV, int D, KVLayout kLayout>
 int paged_decode_blocks_per_sm(int group_size);
 /// The tensor-core pass-1 kernel (T = __half, __nv_bfloat16; inst/decode_tc_*.cu, so its code
 /// compiles apart from the CUDA-core kernels): the launch launch_paged_decode selects for groups of
 /// 4 or more (params' derived fields set, fault seam passed), and its blocks per SM.
-template <typename T, int D, KVLayout kLayout>
+template <typename T, typename KV, int D, KVLayout kLayout>
 void enqueue_paged_decode_tc(const DecodeParams& params, cudaStream_t stream, const char* name);
-template <typename T, int D, KVLayout kLayout>
+template <typename T, typename KV, int D, KVLayout kLayout>
 int paged_decode_tc_blocks_per_sm();
 template <typename T>
 void launch_merge_partitions(const MergeParams& params, cudaStream_t stream);
-template <typename T>
+/// T: the element type of key / value; KV: of the cache (T, or an fp8 code type: quantising).
+template <typename T, typename KV>
 void launch_append_kv(const AppendParams& params, cudaStream_t stream);
 
 }  // namespace decodegraph::kernels

@@ -48,7 +48,14 @@ inline constexpr int kPass1MaxRegisters = 80;
 /// per SM at 80 registers, 5 at 96 and 4 at 128 (shared memory allows 6); even 4 keep two 6-8 KB
 /// tiles in flight each. The vLLM loader keeps more per-slot state than NHD's (separate K and V
 /// chunk geometry).
-constexpr int tc_pass1_max_registers(int d, KVLayout layout) {
+/// fp8 caches (fp8 = true): the lowest caps at which ptxas (nvcc 13.0, sm_90) spills nothing for
+/// either layout, plus a step of margin where it costs no block: their 16-token tiles at D >= 192
+/// split the k-steps over two warps, not four, so a lane keeps twice the q registers (24 / 32), and
+/// the fragments convert. D <= 128: 96 (88 spills at D 112), 5 blocks per SM; D 192: 128 (112
+/// spills), 4 blocks as at 120; D 256: 160 (144 is the vLLM kernel's use; 128 spills), 3 blocks as
+/// at 144.
+constexpr int tc_pass1_max_registers(int d, KVLayout layout, bool fp8 = false) {
+  if (fp8) return d <= 128 ? 96 : d == 192 ? 128 : 160;
   if (d == 256) return 128;
   return layout == KVLayout::kNHD ? 80 : 96;
 }
@@ -119,6 +126,36 @@ struct Pass1Policy {
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory must fit without the opt-in attribute");
 };
 
+/// The tile geometry of an fp8 cache (one-byte elements; kFp8E4M3 / kFp8E5M2): the tensor-core
+/// math reads it at every GQA group (pass1_uses_tensor_cores), so only what TileLoader, the stage
+/// layouts and TcPass1Policy need is here. A chunk is 16 codes (the vLLM layout's x = 16). Tiles hold
+/// 16 tokens (one vLLM V chunk is 16 consecutive tokens of one d, so a tile is whole such chunks),
+/// 32 at D = 64 (a 4 KB stage, as the 16-bit D 80-128 stages): the same q and accumulator registers
+/// per lane as the 16-bit tensor-core tiles at D <= 128.
+template <int D>
+struct Pass1Policy<1, D> {
+  static constexpr int kChunkElems = 16;
+  static constexpr int kChunksPerToken = D / kChunkElems;
+  static constexpr int kTileTokens = D <= 64 ? 32 : 16;
+  static constexpr int kRowTokens = kTileTokens;  // no CUDA-core rows; the report's per-row hint
+  static constexpr int kStages = 4;
+  static constexpr int kTileChunks = kTileTokens * kChunksPerToken;
+  static constexpr int kStageBytes = 2 * kTileChunks * 16;
+  static constexpr int kVGroups = kTileTokens / kChunkElems;
+  static constexpr int kMaxSegments = cmax(1, kTileTokens / 8);
+  static constexpr int kNhdRowChunks = kChunksPerToken;
+  static constexpr bool kNhdSwizzle = false;
+  static constexpr int kOperandChunks = kTileChunks;
+  static constexpr int kLoaderThreads = 128;
+  static constexpr int kLoadsPerThread = (kTileChunks + kLoaderThreads - 1) / kLoaderThreads;
+  static constexpr int kExchangeBytes = 0;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kStages * kMaxSegments * 4;
+  static constexpr int kStageAlign = 1024;
+  static constexpr int kMaxRegisters = kPass1MaxRegisters;
+  static_assert(D % kChunkElems == 0, "head size must be whole 16-code chunks");
+  static_assert(kVGroups == 1 || kVGroups == 2, "vLLM V swizzle table");
+};
+
 /// How the tensor-core math feeds the softmax weights P (fp32) to the p.v mma, whose A operand is
 /// fp16 / bf16. The named policy of issue 23; docs/design.md ("Numerical contract") has the bound of
 /// each and the static report (bench/results/static/after-precision.md) the cost.
@@ -153,9 +190,23 @@ inline constexpr TcPvWeights kTcPvWeights = TcPvWeights::kHiLo;
 /// for d-tiles [w * NTW, + NTW). So a lane keeps KSW x 4 registers of q and NTW x 4 of the output
 /// (at most 16 and 32 at D = 256) instead of D / 4 and D / 2 for one warp doing it all, and no
 /// softmax runs twice.
+/// fp8 caches (kElemBytes 1) run this math with fp16 mma operands: every code converts to fp16
+/// exactly after ldmatrix (cvt.rn.f16x2.e4m3x2 / .e5m2x2, two codes per instruction), q is fp16 (or
+/// bf16 converted to fp16 exactly, docs/kernels.md), and the weights are fp16 hi + lo. An ldmatrix
+/// row of 16 codes gives a lane 4 consecutive codes, so the fp8 fragments permute the k index inside
+/// each k16 step (the same permutation on both operands, so the sums are unchanged):
+///   K (q.k, k = d): one matrix per k-step (16 d of 8 tokens); lane (g, t) holds d 4t .. 4t + 3,
+///     i.e. B registers k 2t, 2t + 1 <- d 4t, 4t + 1 and k 2t + 8, 2t + 9 <- d 4t + 2, 4t + 3; q's
+///     A fragments are loaded with the same columns.
+///   vLLM V (p.v, k = token): one matrix per (p.v step, d-tile) (8 d-rows of 16 tokens), the same
+///     permutation on the tokens; the weights' A fragments follow it (tc_weight_k).
+///   NHD V: ldmatrix.trans of 8 tokens x 16 d gives a lane 2 tokens x 2 d; one PRMT splits them
+///     into the B halves of two d-tiles, the even and the odd d of the 16 (so a warp owns d-tiles
+///     in pairs, kDTilesPerWarp even); tokens keep their k order.
 template <int kElemBytes, int D>
 struct TcPass1Policy : Pass1Policy<kElemBytes, D> {
   using Base = Pass1Policy<kElemBytes, D>;
+  static constexpr bool kFp8 = kElemBytes == 1;
   static constexpr int kNhdRowChunks = 8 * ((Base::kChunksPerToken + 7) / 8);
   static constexpr bool kNhdSwizzle = true;
   static constexpr int kOperandChunks = Base::kTileTokens * kNhdRowChunks;
@@ -186,15 +237,21 @@ struct TcPass1Policy : Pass1Policy<kElemBytes, D> {
   static constexpr int kKSteps = D / 16;                                            // q.k k-steps
   static constexpr int kKStepsPerWarp = (kKSteps + kKSplit - 1) / kKSplit;          // KSW
   static constexpr int kDTiles = D / 8;                                             // p.v n-tiles
-  static constexpr int kDTilesPerWarp = (kDTiles + kWarps - 1) / kWarps;            // NTW
+  /// fp8: in pairs of one 16-d chunk (NHD's even and odd d; vLLM follows, so a warp's matrices
+  /// come in pairs for ldmatrix .x2 / .x4).
+  static constexpr int kDTilesPerWarp = kFp8 ? 2 * ((Base::kChunksPerToken + kWarps - 1) / kWarps)
+                                             : (kDTiles + kWarps - 1) / kWarps;     // NTW
   /// B registers of a p.v step that hold tokens: 1 when the tile has 8 tokens (the upper 8 of the
   /// k16 step are zero in both operands).
   static constexpr int kPvHalves = Base::kTileTokens >= 16 ? 2 : 1;
-  /// 8x8 matrices one warp loads with ldmatrix per tile: K (two per k-step) and V.
-  static constexpr int kKMatrices = 2 * kKStepsPerWarp;
-  static constexpr int kVMatrices = kPvSteps * kDTilesPerWarp * kPvHalves;
+  /// 8x8 matrices (of 16-bit elements; 16 codes a row for fp8) one warp loads with ldmatrix per
+  /// tile: K (two per k-step; fp8 one, rounded up to a pair) and V (fp8: one per step and d-tile).
+  static constexpr int kKChunksPerStep = kFp8 ? 1 : 2;
+  static constexpr int kKMatrices = kFp8 ? 2 * ((kKStepsPerWarp + 1) / 2) : 2 * kKStepsPerWarp;
+  static constexpr int kVMatrices = kPvSteps * kDTilesPerWarp * (kFp8 ? 1 : kPvHalves);
 
-  static_assert(kElemBytes == 2, "mma.m16n8k16 takes fp16 / bf16");
+  static_assert(kElemBytes == 2 || kElemBytes == 1, "mma.m16n8k16 takes fp16 / bf16 (fp8 converts to fp16)");
+  static_assert(!kFp8 || Base::kTileTokens >= 16, "fp8: whole 16-token p.v steps");
   static_assert(Base::kTileTokens == 8 || Base::kTileTokens == 16 || Base::kTileTokens == 32, "n8 token tiles");
   static_assert(kWarps % kTokenTiles == 0, "every token n-tile gets the same number of warps");
   static_assert(D % 16 == 0, "k16 steps over the head dimension");
@@ -216,7 +273,13 @@ constexpr int pass1_heads_per_block_for(int group) {
 /// The one selection rule (launch_paged_decode, the occupancy model and the tests read it): the
 /// tensor-core math for fp16 / bf16 with GQA groups of 4 or more, the CUDA-core math otherwise
 /// (fp32; groups of 1-3, where 12-15 of the 16 mma rows would be padding).
-constexpr bool pass1_uses_tensor_cores(int elem_bytes, int group) { return elem_bytes == 2 && group >= 4; }
+/// elem_bytes is the KV cache's element size (AttentionSpec::kv_elem_size()): fp8 caches (1) run on
+/// the tensor-core math at every group. Its cost per tile does not depend on the group, while the
+/// CUDA-core math's per KV byte doubles with two values a byte (about 0.5 warp-instructions per
+/// byte at GQA 1 against the tensor cores' ~0.2; docs/kernels.md, "fp8 KV caches").
+constexpr bool pass1_uses_tensor_cores(int elem_bytes, int group) {
+  return elem_bytes == 1 || (elem_bytes == 2 && group >= 4);
+}
 /// The one run-time to compile-time switch over head sizes of the host-side policy queries:
 /// f(std::integral_constant<int, D>{}) for a supported head size d, `otherwise` for any other.
 template <class F, class R>
@@ -237,8 +300,9 @@ constexpr R with_head_size(int d, F f, R otherwise) {
 /// kernel does.
 constexpr int pass1_tile_tokens(int elem_bytes, int d) {
   return with_head_size(d, [&](auto D) {
-    return elem_bytes == 2 ? Pass1Policy<2, decltype(D)::value>::kTileTokens
-                           : Pass1Policy<4, decltype(D)::value>::kTileTokens;
+    return elem_bytes == 1   ? Pass1Policy<1, decltype(D)::value>::kTileTokens
+           : elem_bytes == 2 ? Pass1Policy<2, decltype(D)::value>::kTileTokens
+                             : Pass1Policy<4, decltype(D)::value>::kTileTokens;
   }, 0);
 }
 /// Threads of a pass-1 block. CUDA-core math: one warp per head, at least four warps (the loader's
@@ -385,12 +449,25 @@ DG_HD constexpr int tc_ldm_matrix(int a, int n, int lane) {
 template <class P, KVLayout kLayout>
 DG_HD constexpr int tc_k_row_pos(int warp, int mu, int r) {
   const int token = 8 * (warp % P::kTokenTiles) + r;
-  const int chunk = cmin(2 * (warp / P::kTokenTiles) * P::kKStepsPerWarp + mu, P::kChunksPerToken - 1);
+  const int chunk = cmin(P::kKChunksPerStep * (warp / P::kTokenTiles) * P::kKStepsPerWarp + mu, P::kChunksPerToken - 1);
   return kLayout == KVLayout::kNHD ? smem_pos_nhd<P>(token, chunk) : smem_pos_vllm_k<P>(token, chunk);
 }
 /// Shared-memory chunk position (within the V part of a stage) of row `r` of V matrix `mu`.
+/// fp8 (TcPass1Policy's comment): vLLM matrix mu = kt * NTW + i is d-tile warp * NTW + i (rows =
+/// 8 d of token group kt, 16 tokens a row); NHD matrix mu = (kt * NTW / 2 + j) * 2 + h is chunk
+/// warp * NTW / 2 + j (the d-tile pair 2j, 2j + 1) of tokens 16 kt + 8 h .. + 7, read transposed.
 template <class P, KVLayout kLayout>
 DG_HD constexpr int tc_v_row_pos(int warp, int mu, int r) {
+  if constexpr (P::kFp8) {
+    if (kLayout == KVLayout::kNHD) {
+      constexpr int kPairs = P::kDTilesPerWarp / 2;
+      const int h = mu % 2, pair = mu / 2;
+      const int chunk = cmin(warp * kPairs + pair % kPairs, P::kChunksPerToken - 1);
+      return smem_pos_nhd<P>(16 * (pair / kPairs) + 8 * h + r, chunk);
+    }
+    const int dt = cmin(warp * P::kDTilesPerWarp + mu % P::kDTilesPerWarp, P::kDTiles - 1);
+    return smem_pos_vllm_v<P>(8 * dt + r, mu / P::kDTilesPerWarp);
+  }
   const int h = mu % P::kPvHalves;
   const int pair = mu / P::kPvHalves;
   const int kt = pair / P::kDTilesPerWarp;
@@ -407,6 +484,15 @@ DG_HD constexpr int tc_k_ldm_offset(int warp, int lane, int a) {
 template <class P, KVLayout kLayout>
 DG_HD constexpr int tc_v_ldm_offset(int warp, int lane, int a) {
   return 16 * tc_v_row_pos<P, kLayout>(warp, tc_ldm_matrix(a, P::kVMatrices, lane), lane & 7);
+}
+
+/// The k index (0..15) inside a p.v step of the step's token c (0..15): c itself, except for fp8
+/// vLLM V, whose B fragments hold tokens 4t .. 4t + 3 in one lane (TcPass1Policy's comment):
+/// k 2t + i <- token 4t + i and k 2t + 8 + i <- token 4t + 2 + i (i = 0, 1).
+template <class P, KVLayout kLayout>
+DG_HD constexpr int tc_weight_k(int c) {
+  if (!(P::kFp8 && kLayout == KVLayout::kVLLM)) return c;
+  return 2 * (c / 4) + (c % 2) + 8 * ((c / 2) % 2);
 }
 
 }  // namespace decodegraph::kernels

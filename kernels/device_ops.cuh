@@ -3,7 +3,9 @@
 // once per step), their commit / wait groups, 16-byte shared loads through 32-bit shared
 // addresses (the swizzled layouts XOR them), ex2.approx for the softmax weights, and for the
 // tensor-core math ldmatrix (8x8 matrices of 16-bit elements, shared -> the mma fragment layout) and
-// mma.sync.m16n8k16 with fp32 accumulation.
+// mma.sync.m16n8k16 with fp32 accumulation; for fp8 KV caches, the paired conversion of fp8 codes
+// to fp16 (cvt.rn.f16x2.e4m3x2 / .e5m2x2, sm_89+; exact) and two 8-byte cp.async halves of one
+// 16-byte stage chunk (vLLM V pages of 8 tokens, whose d-rows are 8 bytes).
 //
 // Under the CPU simulator (tests/sim, which defines DECODEGRAPH_SIM) the same functions come from
 // the simulator's model in tests/sim/shim/sim_device_ops.hpp: copies are deferred to the matching
@@ -18,6 +20,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -43,6 +46,20 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d), "l"(src),
                "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+
+/// Starts copying two 8-byte halves into the 16 bytes at shared `dst` (16-byte aligned): bytes 0-7
+/// from `src_lo`, 8-15 from `src_hi` (each 8-byte aligned), each reading only its first n_lo / n_hi
+/// (0..8) bytes and zero-filling the rest. cp.async.ca (.cg copies 16 bytes only).
+__device__ __forceinline__ void cp_async_8x2(void* dst, const void* src_lo, int n_lo, const void* src_hi, int n_hi,
+                                             uint64_t policy) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, %2, %3;\n" ::"r"(d), "l"(src_lo),
+               "r"(n_lo), "l"(policy)
+               : "memory");
+  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, %2, %3;\n" ::"r"(d + 8), "l"(src_hi),
+               "r"(n_hi), "l"(policy)
                : "memory");
 }
 
@@ -123,6 +140,35 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+// ---------------------------------------------------------------- fp8 codes (KV caches)
+
+/// Four fp8 codes (KV = __nv_fp8_e4m3 or __nv_fp8_e5m2; byte i = code i) as two fp16 pairs: lo =
+/// codes 0, 1 and hi = codes 2, 3, code 0 / 2 in the low half. Exact: every E4M3 and E5M2 value is
+/// an fp16 value (NaN stays NaN, E5M2's infinities stay infinite). sm_89+: one
+/// cvt.rn.f16x2.{e4m3x2,e5m2x2} per pair; sm_80 (no fp8 conversions): CUDA's own software path.
+template <typename KV>
+__device__ __forceinline__ void fp8x4_to_half2x2(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+  static_assert(std::is_same_v<KV, __nv_fp8_e4m3> || std::is_same_v<KV, __nv_fp8_e5m2>, "fp8 code type");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (std::is_same_v<KV, __nv_fp8_e4m3>)
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi) : "r"(codes));
+  else
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e5m2x2 %0, l;\n cvt.rn.f16x2.e5m2x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi) : "r"(codes));
+#else
+  constexpr __nv_fp8_interpretation_t kInterp = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), kInterp);
+  const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), kInterp);
+  lo = static_cast<uint32_t>(a.x) | (static_cast<uint32_t>(a.y) << 16);
+  hi = static_cast<uint32_t>(b.x) | (static_cast<uint32_t>(b.y) << 16);
+#endif
+}
+
+/// Bytes (0, 2, 1, 3) of x: a register that ldmatrix.trans filled with 2 tokens x 2 codes
+/// (token 2t: d 2g, 2g + 1; token 2t + 1: the same d) as (d 2g: both tokens, d 2g + 1: both).
+__device__ __forceinline__ uint32_t interleave_pairs(uint32_t x) { return __byte_perm(x, 0u, 0x3120); }
 
 }  // namespace decodegraph::kernels::dev
 

@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -29,7 +30,7 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
 
 /// Raw storage word of one element (for copies and zero fills without arithmetic).
 template <typename T>
-using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>;
+using Bits = std::conditional_t<sizeof(T) == 1, uint8_t, std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>>;
 
 /// One 16-byte vector viewed as its elements.
 template <typename T>

@@ -1,14 +1,17 @@
 // Host implementation of the KV append (vLLM reshape_and_cache): scatters key/value token rows
 // ([kv_heads, head_size], key_stride / value_stride elements apart) into the paged caches at slot = block * block_size + offset,
 // using the same layout offsets as the kernels (decode_math.hpp). Elements are copied bit for bit
-// (the caches share the dtype of key/value). Negative slots are skipped. Every slot is checked before
-// anything is written: against the cache, and with seq_lens / block_tables against the position
-// seq_len - 1 of its sequence (kernels/append_report.hpp; the kernel skips and reports instead).
+// when the caches share the dtype of key/value; fp8 caches store the code of x / scale (fp32
+// division, then numeric.hpp's rounding to nearest even, saturated: the device append's function).
+// Negative slots are skipped. Every slot is checked before anything is written: against the cache,
+// and with seq_lens / block_tables against the position seq_len - 1 of its sequence
+// (kernels/append_report.hpp; the kernel skips and reports instead).
 #include <cstdint>
 #include <cstring>
 #include <string>
 
 #include "decodegraph/attention.hpp"
+#include "decodegraph/numeric.hpp"
 #include "kernels/decode_math.hpp"
 #include "kernels/validate.hpp"
 
@@ -29,9 +32,11 @@ void append_kv(const AppendArgs& args) {
     }
   }
   const AttentionSpec& s = args.spec;
+  detail::check_host_scales(s, args.k_scale, args.v_scale);
   const int hs = s.head_size, bs = s.block_size, H = s.num_kv_heads;
   const std::size_t esz = dtype_size(s.dtype);
-  const int x = math::vllm_x(static_cast<int>(esz));
+  const std::size_t csz = s.kv_elem_size();
+  const int x = math::vllm_x(static_cast<int>(csz));
   const int64_t key_stride = detail::key_row_stride(args);
   const int64_t value_stride = detail::value_row_stride(args);
 
@@ -47,11 +52,17 @@ void append_kv(const AppendArgs& args) {
     for (int h = 0; h < H; ++h) {
       const int64_t ksrc = t * key_stride + static_cast<int64_t>(h) * hs;
       const int64_t vsrc = t * value_stride + static_cast<int64_t>(h) * hs;
+      const int si = s.kv_scale_per_head ? h : 0;
       for (int d = 0; d < hs; ++d) {
         const int64_t ko = math::k_offset(s.layout, block, h, off, d, H, hs, bs, x);
         const int64_t vo = math::v_offset(s.layout, block, h, off, d, H, hs, bs);
-        std::memcpy(kc + ko * esz, key + (ksrc + d) * esz, esz);
-        std::memcpy(vc + vo * esz, value + (vsrc + d) * esz, esz);
+        if (s.fp8_kv()) {
+          kc[ko] = float_to_fp8_bits(s.kv_dtype, load_as_float(s.dtype, args.key, ksrc + d) / args.k_scale[si]);
+          vc[vo] = float_to_fp8_bits(s.kv_dtype, load_as_float(s.dtype, args.value, vsrc + d) / args.v_scale[si]);
+          continue;
+        }
+        std::memcpy(kc + ko * csz, key + (ksrc + d) * esz, esz);
+        std::memcpy(vc + vo * csz, value + (vsrc + d) * esz, esz);
       }
     }
   }

@@ -10,6 +10,10 @@
 //   - the tensor-core math (fp16 / bf16, groups >= 4): each weight as the kernel feeds it to the
 //     p.v mma (TcPass1Policy::kPvWeights): hi + lo in the model dtype (or hi alone when rounded),
 //     fp16 scaled by 2^15, and the output normalised by the sum of those same weights.
+//   - fp8 caches (the tensor-core math at every group, on fp16 operands): codes decoded exactly,
+//     q as the kernel converts it (fp16 as it is; bf16 scaled per row by 2^s and rounded to fp16,
+//     math::fp8_q_shift), k_scale and 2^-s folded into the logit scale (math::fp8_scale2), the
+//     fp16 path's weights, and v_scale applied to the output (V1) or the partial output (V2).
 // exp2f stands in for ex2.approx (2 ulp) and the order of the fp32 sums differs, so host and
 // device agree to fp32 noise, not bitwise (tests/sim/sim_sweep_test.cpp compares them).
 //   V1: per (sequence, KV head) one online-softmax pass over the whole context for all query heads
@@ -75,6 +79,29 @@ struct Fp32 {
   static float round(float f) { return f; }
 };
 
+// Cache element types: the model's own (Fp16, Bf16, Fp32: kFp8 false) or fp8 codes (decoded
+// exactly through a 256-entry table; the values are unscaled: K = value * k_scale).
+template <KVCacheDType kKind>
+struct Fp8 {
+  using T = uint8_t;
+  static constexpr bool kFp8 = true;
+  const float* table = fp8_table().data();
+  float load(T v) const { return table[v]; }
+  static const std::array<float, 256>& fp8_table() {
+    static const std::array<float, 256> t = [] {
+      std::array<float, 256> r{};
+      for (int i = 0; i < 256; ++i) r[i] = fp8_bits_to_float(kKind, static_cast<uint8_t>(i));
+      return r;
+    }();
+    return t;
+  }
+};
+template <class C>
+constexpr bool is_fp8() {
+  if constexpr (requires { C::kFp8; }) return C::kFp8;
+  return false;
+}
+
 // ---------------------------------------------------------------- geometry
 
 // Offsets of K/V elements split as base(block, kv_head) + rel(token, d), which holds for both
@@ -111,7 +138,8 @@ std::vector<Run> compile_runs(const std::vector<int64_t>& rel) {
 struct Geometry {
   const AttentionSpec& s;
   int hs, bs, group, x;
-  float scale2;        // scale * log2(e): logits in base 2, as the kernels keep them
+  float scale;         // the softmax scale
+  float scale2;        // scale * log2(e): logits in base 2, as the kernels keep them (kv_dtype auto)
   bool tensor_cores;   // the math the launcher selects for this spec
   int tile;            // the kernel's tile: one online-softmax step per `tile` tokens
   int chunk;           // tokens converted at once: whole cache blocks covering whole tiles
@@ -122,10 +150,11 @@ struct Geometry {
         hs(spec.head_size),
         bs(spec.block_size),
         group(spec.num_q_heads / spec.num_kv_heads),
-        x(math::vllm_x(static_cast<int>(dtype_size(spec.dtype)))),
+        x(math::vllm_x(static_cast<int>(spec.kv_elem_size()))),
+        scale(spec.effective_scale()),
         scale2(spec.effective_scale() * math::kLog2e),
-        tensor_cores(kernels::pass1_uses_tensor_cores(static_cast<int>(dtype_size(spec.dtype)), group)),
-        tile(kernels::pass1_tile_tokens(static_cast<int>(dtype_size(spec.dtype)), spec.head_size)),
+        tensor_cores(kernels::pass1_uses_tensor_cores(static_cast<int>(spec.kv_elem_size()), group)),
+        tile(kernels::pass1_tile_tokens(static_cast<int>(spec.kv_elem_size()), spec.head_size)),
         chunk(std::max(bs, tile)) {
     std::vector<int64_t> k_rel(static_cast<std::size_t>(bs) * hs), v_rel(k_rel.size());
     const int64_t k0 = k_base(0, 0), v0 = v_base(0, 0);
@@ -162,14 +191,16 @@ void load_tile(const E& e, const typename E::T* base, const std::vector<Run>& ru
 // Online-softmax state of the `group` query heads of one KV head over a token range. m is in
 // base 2; l and acc are relative to it (and, on the tensor-core path with fp16, scaled by 2^15).
 struct GroupState {
-  std::vector<float> q;      // [group, head_size]
+  std::vector<float> q;      // [group, head_size] (fp8 caches: as the kernel converts it)
   std::vector<float> slope2;  // [group], ALiBi slope * log2(e)
+  std::vector<float> scale2;  // [group], the logit scale in base 2 (fp8: with k_scale and 2^-s)
+  float vscale = 1.0f;        // fp8: v_scale of the KV head
   std::vector<float> m, l;   // [group]
   std::vector<float> acc;    // [group, head_size]
   std::vector<float> kf, vf, s;  // one chunk of whole cache blocks: [chunk, head_size] x2, [tile]
 
   GroupState(const Geometry& g)
-      : q(static_cast<std::size_t>(g.group) * g.hs), slope2(g.group), m(g.group), l(g.group),
+      : q(static_cast<std::size_t>(g.group) * g.hs), slope2(g.group), scale2(g.group, g.scale2), m(g.group), l(g.group),
         acc(static_cast<std::size_t>(g.group) * g.hs), kf(static_cast<std::size_t>(g.chunk) * g.hs),
         vf(kf.size()), s(g.tile) {}
   void reset() {
@@ -201,8 +232,9 @@ float pv_weight(bool tensor_cores, float x) {
 
 // Folds tokens [t0, t1) of one sequence's KV head `kvh` into st: chunks of whole cache blocks
 // (t0 is a multiple of the block size), one online-softmax step per kernel tile from t0 on.
-template <class E>
-void attend(const Geometry& g, const E& e, const typename E::T* kc, const typename E::T* vc,
+// E: the math's element type (its weights on tensor cores; fp16 for fp8 caches); C: the cache's.
+template <class E, class C>
+void attend(const Geometry& g, const C& e, const typename C::T* kc, const typename C::T* vc,
             const int32_t* table, int len, int kvh, int t0, int t1, GroupState& st) {
   const int hs = g.hs, bs = g.bs;
   const float shift = g.tensor_cores ? static_cast<float>(E::kWeightShift) : 0.0f;
@@ -221,7 +253,7 @@ void attend(const Geometry& g, const E& e, const typename E::T* kc, const typena
         const float* q = st.q.data() + static_cast<std::size_t>(h) * hs;
         float tile_max = math::neg_inf();
         for (int i = 0; i < n; ++i) {
-          st.s[i] = math::logit2(dot(q, kt + static_cast<std::size_t>(i) * hs, hs), g.scale2,
+          st.s[i] = math::logit2(dot(q, kt + static_cast<std::size_t>(i) * hs, hs), st.scale2[h],
                                  math::alibi_bias2(st.slope2[h], ts + i, len));
           tile_max = std::max(tile_max, st.s[i]);
         }
@@ -264,55 +296,85 @@ void check_host_contents(const DecodeArgs& a) {
 
 // ---------------------------------------------------------------- V1 / V2
 
-template <class E>
+// q of the group's heads as the math reads it, their ALiBi slopes and logit scales. fp8 caches:
+// the kernel's fp16 q (bf16 rows scaled by 2^s and rounded to fp16) and k_scale / 2^-s in the
+// scale, v_scale of the KV head (scales [kvh] or [0]).
+template <class E, bool kFp8>
 void load_group(const DecodeArgs& a, const Geometry& g, const E& e, int seq, int kvh,
                 GroupState& st) {
   const auto* q = static_cast<const typename E::T*>(a.q);
+  const int si = a.spec.kv_scale_per_head ? kvh : 0;
   for (int h = 0; h < g.group; ++h) {
     const int qh = kvh * g.group + h;
     const int64_t row = seq * detail::q_row_stride(a) + static_cast<int64_t>(qh) * g.hs;
-    for (int d = 0; d < g.hs; ++d) st.q[static_cast<std::size_t>(h) * g.hs + d] = e.load(q[row + d]);
+    float* qf = st.q.data() + static_cast<std::size_t>(h) * g.hs;
+    for (int d = 0; d < g.hs; ++d) qf[d] = e.load(q[row + d]);
     st.slope2[h] = a.alibi_slopes ? a.alibi_slopes[qh] * math::kLog2e : 0.0f;
+    if constexpr (kFp8) {
+      int shift = 0;
+      if (a.spec.dtype == DType::kBFloat16) {
+        float amax = 0.0f;
+        for (int d = 0; d < g.hs; ++d) amax = std::fmax(amax, std::fabs(qf[d]));
+        shift = math::fp8_q_shift(amax);
+        for (int d = 0; d < g.hs; ++d) qf[d] = Fp16::round(qf[d] * math::pow2f(shift));
+      }
+      st.scale2[h] = math::fp8_scale2(g.scale, a.k_scale[si], math::pow2f(-shift));
+    }
   }
+  if constexpr (kFp8) st.vscale = a.v_scale[si];
 }
 
-template <class E>
+// An output value: acc / l, times v_scale for fp8 caches (as the kernels' epilogue).
+template <bool kFp8>
+float out_value(float acc, float l, const GroupState& st) {
+  if constexpr (kFp8) return math::normalise(acc, l) * st.vscale;
+  return math::normalise(acc, l);
+}
+
+// E: q and out; C: the cache (E itself, or fp8 codes; the math is then fp16's, W).
+template <class E, class C = E>
 void run_v1(const DecodeArgs& a) {
+  constexpr bool kFp8 = is_fp8<C>();
+  using W = std::conditional_t<kFp8, Fp16, E>;
   const Geometry g(a.spec);
   const E e{};
+  const C c{};
   GroupState st(g);
-  const auto* kc = static_cast<const typename E::T*>(a.k_cache);
-  const auto* vc = static_cast<const typename E::T*>(a.v_cache);
+  const auto* kc = static_cast<const typename C::T*>(a.k_cache);
+  const auto* vc = static_cast<const typename C::T*>(a.v_cache);
   auto* out = static_cast<typename E::T*>(a.out);
   for (int seq = 0; seq < a.num_seqs; ++seq) {
     const int len = a.seq_lens[seq];
     if (len == 0) continue;  // padded row
     const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
     for (int kvh = 0; kvh < a.spec.num_kv_heads; ++kvh) {
-      load_group(a, g, e, seq, kvh, st);
+      load_group<E, kFp8>(a, g, e, seq, kvh, st);
       st.reset();
-      attend(g, e, kc, vc, table, len, kvh, 0, len, st);
+      attend<W>(g, c, kc, vc, table, len, kvh, 0, len, st);
       for (int h = 0; h < g.group; ++h) {
         const int64_t row = seq * detail::out_row_stride(a) + static_cast<int64_t>(kvh * g.group + h) * g.hs;
         const float* acc = st.acc.data() + static_cast<std::size_t>(h) * g.hs;
-        for (int d = 0; d < g.hs; ++d) out[row + d] = E::store(math::normalise(acc[d], st.l[h]));
+        for (int d = 0; d < g.hs; ++d) out[row + d] = E::store(out_value<kFp8>(acc[d], st.l[h], st));
       }
     }
   }
 }
 
-template <class E>
+template <class E, class C = E>
 void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* workspace) {
+  constexpr bool kFp8 = is_fp8<C>();
+  using W = std::conditional_t<kFp8, Fp16, E>;
   const Geometry g(a.spec);
   const E e{};
+  const C c{};
   GroupState st(g);
   const int H = a.spec.num_q_heads, hs = g.hs;
   auto* ws = static_cast<unsigned char*>(workspace);
   float* max_logits = reinterpret_cast<float*>(ws + w.max_logits_offset);
   float* exp_sums = reinterpret_cast<float*>(ws + w.exp_sums_offset);
   float* partial_out = reinterpret_cast<float*>(ws + w.partial_out_offset);
-  const auto* kc = static_cast<const typename E::T*>(a.k_cache);
-  const auto* vc = static_cast<const typename E::T*>(a.v_cache);
+  const auto* kc = static_cast<const typename C::T*>(a.k_cache);
+  const auto* vc = static_cast<const typename C::T*>(a.v_cache);
   auto* out = static_cast<typename E::T*>(a.out);
   std::vector<float> merged(hs);
 
@@ -324,19 +386,19 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
 
     // Pass 1: partials per (KV head group, partition).
     for (int kvh = 0; kvh < a.spec.num_kv_heads; ++kvh) {
-      load_group(a, g, e, seq, kvh, st);
+      load_group<E, kFp8>(a, g, e, seq, kvh, st);
       for (int p = 0; p < parts; ++p) {
         st.reset();
-        attend(g, e, kc, vc, table, len, kvh, p * P, std::min(len, (p + 1) * P), st);
+        attend<W>(g, c, kc, vc, table, len, kvh, p * P, std::min(len, (p + 1) * P), st);
         // m back to natural units, l without the tensor-core math's fp16 weight scale.
-        const float unscale = g.tensor_cores ? std::ldexp(1.0f, -E::kWeightShift) : 1.0f;
+        const float unscale = g.tensor_cores ? std::ldexp(1.0f, -W::kWeightShift) : 1.0f;
         for (int h = 0; h < g.group; ++h) {
           const int64_t idx = math::partial_index(seq, kvh * g.group + h, p, H, w.max_partitions);
           max_logits[idx] = st.m[h] * math::kLn2;
           exp_sums[idx] = st.l[h] * unscale;
           const float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
           float* po = partial_out + idx * hs;
-          for (int d = 0; d < hs; ++d) po[d] = math::normalise(acc[d], st.l[h]);
+          for (int d = 0; d < hs; ++d) po[d] = out_value<kFp8>(acc[d], st.l[h], st);
         }
       }
     }
@@ -352,6 +414,26 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
   }
 }
 
+// The one switch over (dtype, kv_dtype): f(E{}, C{}) with E the model dtype's and C the cache's
+// element type (validate_spec allows fp8 with fp16 / bf16 only).
+template <class F>
+void dispatch(const AttentionSpec& s, F&& f) {
+  auto with_model = [&](auto c) {
+    if (s.dtype == DType::kFloat16) return f(Fp16{}, c);
+    return f(Bf16{}, c);
+  };
+  switch (s.kv_dtype) {
+    case KVCacheDType::kFp8E4M3: return with_model(Fp8<KVCacheDType::kFp8E4M3>{});
+    case KVCacheDType::kFp8E5M2: return with_model(Fp8<KVCacheDType::kFp8E5M2>{});
+    case KVCacheDType::kAuto: break;
+  }
+  switch (s.dtype) {
+    case DType::kFloat16: return f(Fp16{}, Fp16{});
+    case DType::kBFloat16: return f(Bf16{}, Bf16{});
+    case DType::kFloat32: return f(Fp32{}, Fp32{});
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- entry points
@@ -359,22 +441,16 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
 void paged_attention_v1(const DecodeArgs& args) {
   validate_decode_args(args);
   check_host_contents(args);
-  switch (args.spec.dtype) {
-    case DType::kFloat16: return run_v1<Fp16>(args);
-    case DType::kBFloat16: return run_v1<Bf16>(args);
-    case DType::kFloat32: return run_v1<Fp32>(args);
-  }
+  detail::check_host_scales(args.spec, args.k_scale, args.v_scale);
+  dispatch(args.spec, [&](auto e, auto c) { run_v1<decltype(e), decltype(c)>(args); });
 }
 
 void paged_attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
                         std::size_t workspace_bytes) {
   const V2WorkspaceLayout w = detail::validate_v2_args(args, partition_size, workspace, workspace_bytes);
   check_host_contents(args);
-  switch (args.spec.dtype) {
-    case DType::kFloat16: return run_v2<Fp16>(args, partition_size, w, workspace);
-    case DType::kBFloat16: return run_v2<Bf16>(args, partition_size, w, workspace);
-    case DType::kFloat32: return run_v2<Fp32>(args, partition_size, w, workspace);
-  }
+  detail::check_host_scales(args.spec, args.k_scale, args.v_scale);
+  dispatch(args.spec, [&](auto e, auto c) { run_v2<decltype(e), decltype(c)>(args, partition_size, w, workspace); });
 }
 
 }  // namespace decodegraph::host

@@ -1,6 +1,6 @@
 // Eager launchers of the public API (attention.hpp): paged_attention_v1, paged_attention_v2,
-// append_kv, cuda_device_available. They validate, turn (dtype, head_size, layout) into template
-// values in one switch (dispatch_pass1), and launch the kernels instantiated in inst/*.cu.
+// append_kv, cuda_device_available. They validate, turn (dtype, kv_dtype, head_size, layout) into
+// template values in one switch (dispatch_pass1), and launch the kernels instantiated in inst/*.cu.
 //
 // Capturable: no allocation, no synchronisation, no host read of device data and no function
 // attribute setting (static shared memory stays under 48 KB). Every launch goes through the fault
@@ -10,6 +10,7 @@
 // backend logs it before calling in.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -40,15 +41,28 @@ void dispatch_dtype(DType dtype, F&& f) {
   throw_invalid("dtype", static_cast<int>(dtype), "fp16, bf16, fp32");
 }
 
-// Turns (dtype, head_size, layout) into template values and calls f with the three as
-// std::type_identity<T>, std::integral_constant<int, D> and std::integral_constant<KVLayout, L>.
+// Calls f(std::type_identity<T>{}, std::type_identity<KV>{}): the element types of q / out / math
+// and of the cache. fp8 caches compute in fp16 whatever the model dtype (DecodeParams::io_bf16).
+template <typename F>
+void dispatch_types(const AttentionSpec& spec, F&& f) {
+  switch (spec.kv_dtype) {
+    case KVCacheDType::kAuto: return dispatch_dtype(spec.dtype, [&](auto t) { f(t, t); });
+    case KVCacheDType::kFp8E4M3: return f(std::type_identity<__half>{}, std::type_identity<__nv_fp8_e4m3>{});
+    case KVCacheDType::kFp8E5M2: return f(std::type_identity<__half>{}, std::type_identity<__nv_fp8_e5m2>{});
+  }
+  throw_invalid("kv_dtype", static_cast<int>(spec.kv_dtype), "0 (auto), 1 (fp8_e4m3), 2 (fp8_e5m2)");
+}
+
+// Turns (dtype, kv_dtype, head_size, layout) into template values and calls f with the four as
+// std::type_identity<T>, std::type_identity<KV>, std::integral_constant<int, D> and
+// std::integral_constant<KVLayout, L>.
 template <typename F>
 void dispatch_pass1(const AttentionSpec& spec, F&& f) {
-  dispatch_dtype(spec.dtype, [&](auto t) {
+  dispatch_types(spec, [&](auto t, auto kv) {
     auto with_layout = [&](auto d) {
       switch (spec.layout) {
-        case KVLayout::kVLLM: return f(t, d, std::integral_constant<KVLayout, KVLayout::kVLLM>{});
-        case KVLayout::kNHD: return f(t, d, std::integral_constant<KVLayout, KVLayout::kNHD>{});
+        case KVLayout::kVLLM: return f(t, kv, d, std::integral_constant<KVLayout, KVLayout::kVLLM>{});
+        case KVLayout::kNHD: return f(t, kv, d, std::integral_constant<KVLayout, KVLayout::kNHD>{});
       }
       throw_invalid("layout", static_cast<int>(spec.layout), "0 (vllm), 1 (nhd)");
     };
@@ -66,8 +80,9 @@ void dispatch_pass1(const AttentionSpec& spec, F&& f) {
 }
 
 void launch_decode(const DecodeParams& p, const AttentionSpec& spec, cudaStream_t s) {
-  dispatch_pass1(spec, [&](auto t, auto d, auto layout) {
-    kernels::launch_paged_decode<typename decltype(t)::type, decltype(d)::value, decltype(layout)::value>(p, s);
+  dispatch_pass1(spec, [&](auto t, auto kv, auto d, auto layout) {
+    kernels::launch_paged_decode<typename decltype(t)::type, typename decltype(kv)::type, decltype(d)::value,
+                                 decltype(layout)::value>(p, s);
   });
 }
 
@@ -80,6 +95,12 @@ DecodeParams decode_params(const DecodeArgs& a) {
   p.block_tables = a.block_tables;
   p.seq_lens = a.seq_lens;
   p.alibi_slopes = a.alibi_slopes;
+  if (a.spec.fp8_kv()) {
+    p.k_scale = a.k_scale;
+    p.v_scale = a.v_scale;
+    p.scale_per_head = a.spec.kv_scale_per_head;
+    p.io_bf16 = a.spec.dtype == DType::kBFloat16;
+  }
   p.bad_block = a.bad_block;
   p.num_seqs = a.num_seqs;
   p.num_q_heads = a.spec.num_q_heads;
@@ -166,7 +187,25 @@ void append_kv(const AppendArgs& args, Stream stream) {
   p.head_size = args.spec.head_size;
   p.block_size = args.spec.block_size;
   p.layout = args.spec.layout;
-  dispatch_dtype(args.spec.dtype, [&](auto t) { kernels::launch_append_kv<typename decltype(t)::type>(p, stream); });
+  if (args.spec.fp8_kv()) {
+    p.k_scale = args.k_scale;
+    p.v_scale = args.v_scale;
+    p.scale_per_head = args.spec.kv_scale_per_head;
+  }
+  // Key and value are in the model dtype; the cache in the KV type (fp8: quantised).
+  dispatch_dtype(args.spec.dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    switch (args.spec.kv_dtype) {
+      case KVCacheDType::kAuto: return kernels::launch_append_kv<T, T>(p, stream);
+      case KVCacheDType::kFp8E4M3:
+        if constexpr (sizeof(T) == 2) return kernels::launch_append_kv<T, __nv_fp8_e4m3>(p, stream);
+        break;
+      case KVCacheDType::kFp8E5M2:
+        if constexpr (sizeof(T) == 2) return kernels::launch_append_kv<T, __nv_fp8_e5m2>(p, stream);
+        break;
+    }
+    throw_invalid("kv_dtype", to_string(args.spec.kv_dtype), "auto, or fp8 with dtype fp16 / bf16");
+  });
 }
 
 namespace kernels {
@@ -174,9 +213,9 @@ namespace kernels {
 int pass1_blocks_per_sm_on_device(const AttentionSpec& spec) {
   validate_spec(spec);
   int blocks = 0;
-  dispatch_pass1(spec, [&](auto t, auto d, auto layout) {
-    blocks = paged_decode_blocks_per_sm<typename decltype(t)::type, decltype(d)::value, decltype(layout)::value>(
-        spec.group_size());
+  dispatch_pass1(spec, [&](auto t, auto kv, auto d, auto layout) {
+    blocks = paged_decode_blocks_per_sm<typename decltype(t)::type, typename decltype(kv)::type, decltype(d)::value,
+                                        decltype(layout)::value>(spec.group_size());
   });
   return blocks;
 }

@@ -51,11 +51,18 @@ constexpr TcRegRow kPass1TcRegisters[] = {
     {64, 88, 79}, {80, 87, 79}, {96, 86, 80}, {112, 95, 80}, {128, 95, 80}, {192, 96, 80}, {256, 115, 112},
 };
 
+// The tensor-core kernel of fp8 caches (every group; inst/decode_fp8*.cu), likewise: E4M3 and E5M2
+// compile to the same counts. Caps: tc_pass1_max_registers(d, layout, true).
+constexpr TcRegRow kPass1Fp8Registers[] = {
+    {64, 90, 84}, {80, 94, 86}, {96, 94, 92}, {112, 96, 90}, {128, 92, 93}, {192, 126, 126}, {256, 150, 140},
+};
+
 // Static shared memory of the pass-1 kernel a spec selects: the policy's, one array (ptxas agrees).
+// elem_bytes: the cache's element size.
 int pass1_smem(int elem_bytes, bool tensor_cores, int d) {
   const int bytes = with_head_size(d, [&](auto D) {
     constexpr int kD = decltype(D)::value;
-    if (tensor_cores) return TcPass1Policy<2, kD>::kSmemBytes;
+    if (tensor_cores) return elem_bytes == 1 ? TcPass1Policy<1, kD>::kSmemBytes : TcPass1Policy<2, kD>::kSmemBytes;
     return elem_bytes == 4 ? Pass1Policy<4, kD>::kSmemBytes : Pass1Policy<2, kD>::kSmemBytes;
   }, -1);
   if (bytes < 0) throw_invalid("head_size", d, "64, 80, 96, 112, 128, 192, 256");
@@ -76,11 +83,12 @@ int pass1_head_chunks(const AttentionSpec& spec) {
 KernelResources pass1_resources(const AttentionSpec& spec) {
   validate_spec(spec);
   const bool nhd = spec.layout == KVLayout::kNHD;
-  const int elem = static_cast<int>(dtype_size(spec.dtype));
+  const int elem = static_cast<int>(spec.kv_elem_size());
   KernelResources r;
   r.threads = pass1_threads_for(elem, spec.group_size());
   if (pass1_uses_tensor_cores(elem, spec.group_size())) {
-    const TcRegRow* row = std::find_if(std::begin(kPass1TcRegisters), std::end(kPass1TcRegisters),
+    const TcRegRow* table = elem == 1 ? std::begin(kPass1Fp8Registers) : std::begin(kPass1TcRegisters);
+    const TcRegRow* row = std::find_if(table, table + std::size(kPass1TcRegisters),
                                        [&](const TcRegRow& t) { return t.d == spec.head_size; });
     r.registers = nhd ? row->nhd : row->vllm;
     r.smem_bytes = pass1_smem(elem, true, spec.head_size);

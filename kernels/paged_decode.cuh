@@ -68,10 +68,11 @@ inline constexpr unsigned kFullMask = 0xffffffffu;
 /// threads read consecutive 16-byte chunks of global memory). A slot's geometry (offset inside its
 /// block, shared-memory position, token) depends only on the thread and the block size, so the
 /// compiler computes it once; per tile a slot costs a segment lookup, an add, a compare and the copy.
-/// P: the math's policy (Pass1Policy or TcPass1Policy; they differ in the NHD stage rows).
-template <typename T, int D, KVLayout kLayout, class P>
+/// KV: the cache's element type (its size is all the loader needs). P: the math's policy
+/// (Pass1Policy or TcPass1Policy; they differ in the NHD stage rows).
+template <typename KV, int D, KVLayout kLayout, class P>
 struct TileLoader {
-  static constexpr int E = sizeof(T);
+  static constexpr int E = sizeof(KV);
   static constexpr int CE = P::kChunkElems;
   static constexpr int CPT = P::kChunksPerToken;
   static constexpr int NTOK = P::kTileTokens;
@@ -181,6 +182,25 @@ struct TileLoader {
       }
       // V: the page is [d][token in block]; a chunk is CE consecutive tokens of one d.
       const char* vb = v_base + t0 * E;
+      if (CE > 8 && block_size < CE) {
+        // fp8 pages of 8 tokens (block-uniform): a d-row of a block is 8 bytes, so stage chunk
+        // (d, token group g) takes two halves, tokens 16g .. 16g + 7 and 16g + 8 .. 16g + 15 from
+        // the group's two blocks (t0 = 0: tiles start on a block). Consecutive threads take
+        // consecutive d: 8-byte steps through both pages.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int q = tid + u * kThreads;
+          if (kEven || q < kSlots) {
+            const int d = q % D;
+            const int t = (q / D) * CE;
+            const int n_lo = cmin(cmax(left - t, 0), 8);
+            const int n_hi = cmin(cmax(left - t - 8, 0), 8);
+            dev::cp_async_8x2(sv + smem_pos_vllm_v<P>(d, q / D) * 16, vb + block(seg, t) + d * 8, n_lo,
+                              vb + block(seg, t + 8) + d * 8, n_hi, policy);
+          }
+        }
+        return;
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int q = tid + u * kThreads;
@@ -211,7 +231,8 @@ __device__ __forceinline__ BlockHeads block_heads(const DecodeParams& p) {
 }
 
 // ---------------------------------------------------------------- math (CUDA cores)
-// A math (see docs/kernels.md, "Adding a second math") is a class template Math<T, D, Layout> with
+// A math (see docs/kernels.md, "Adding a second math") is a class template Math<T, KV, D, Layout>
+// (T: q, out and the math's element type; KV: the cache's) with
 //   Policy                           its tile / stage policy (the loader and the driver follow it);
 //   kSplitTile                       false: consume folds a whole tile; true: consume and then,
 //                                    after the driver's barrier (which publishes what consume
@@ -225,9 +246,10 @@ __device__ __forceinline__ BlockHeads block_heads(const DecodeParams& p) {
 //   finish(), write(p, seq, part)    merge what lanes keep, write V1 output or V2 partials.
 
 /// One warp per query head: q and the output accumulators in registers, per-row logits in
-/// registers, shuffles for every reduction.
-template <typename T, int D, KVLayout kLayout>
+/// registers, shuffles for every reduction. The cache holds T too (fp8 caches run on tensor cores).
+template <typename T, typename KV, int D, KVLayout kLayout>
 struct CudaCoreMath {
+  static_assert(std::is_same_v<T, KV>, "the CUDA-core math reads caches of the model dtype");
   using Policy = Pass1Policy<sizeof(T), D>;
   using P = Policy;
   static constexpr int kMaxRegisters = kPass1MaxRegisters;
@@ -483,9 +505,9 @@ __device__ __forceinline__ char* pass1_exchange() {
   return pass1_shared<P>() + P::kStages * P::kStageBytes;
 }
 
-template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
+template <typename T, typename KV, int D, KVLayout kLayout, template <typename, typename, int, KVLayout> class Math>
 __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
-  using M = Math<T, D, kLayout>;
+  using M = Math<T, KV, D, kLayout>;
   using P = typename M::Policy;
   constexpr int S = P::kStages;
   constexpr int NTOK = P::kTileTokens;
@@ -515,7 +537,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   const int tid = static_cast<int>(threadIdx.x);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
 
-  const TileLoader<T, D, kLayout, P> loader(p, kv_head);
+  const TileLoader<KV, D, kLayout, P> loader(p, kv_head);
   M math;
   // Warp-uniform. Warps that take no part (CUDA-core math: past the chunk's heads) only copy.
   const bool active = math.init(p, seq, len);
@@ -577,7 +599,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   }
   for (int t = 0; t < ntiles - 1; ++t) step(t, std::false_type{});
   step(ntiles - 1, std::true_type{});
-  TileLoader<T, D, kLayout, P>::report_bad_block(p, seq, bad);
+  TileLoader<KV, D, kLayout, P>::report_bad_block(p, seq, bad);
 
   if (!active) return;  // no barrier below
   math.finish();
@@ -586,51 +608,57 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 
 // ---------------------------------------------------------------- kernel
 
-template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
-__global__ void __maxnreg__((Math<T, D, kLayout>::kMaxRegisters))
+template <typename T, typename KV, int D, KVLayout kLayout, template <typename, typename, int, KVLayout> class Math>
+__global__ void __maxnreg__((Math<T, KV, D, kLayout>::kMaxRegisters))
     PagedDecodeKernel(const __grid_constant__ DecodeParams p) {
-  paged_decode_body<T, D, kLayout, Math>(p);
+  paged_decode_body<T, KV, D, kLayout, Math>(p);
 }
 
 // ---------------------------------------------------------------- launchers
 
 /// Launches the pass-1 kernel of one math over grid (partitions, kv_heads x head chunks, seqs);
 /// p's derived fields are set (launch_paged_decode).
-template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
+template <typename T, typename KV, int D, KVLayout kLayout, template <typename, typename, int, KVLayout> class Math>
 void enqueue_paged_decode(const DecodeParams& p, int threads, cudaStream_t stream, const char* name) {
   const dim3 grid(static_cast<unsigned>(p.write_partials ? p.max_partitions : 1),
                   static_cast<unsigned>(p.num_kv_heads * p.head_chunks), static_cast<unsigned>(p.num_seqs));
-  PagedDecodeKernel<T, D, kLayout, Math><<<grid, threads, 0, stream>>>(p);
+  PagedDecodeKernel<T, KV, D, kLayout, Math><<<grid, threads, 0, stream>>>(p);
   DG_CUDA_CHECK_LAUNCH(name);
 }
 
 /// cudaOccupancyMaxActiveBlocksPerMultiprocessor of one math's kernel at `threads`, no dynamic
 /// shared memory (what enqueue_paged_decode launches).
-template <typename T, int D, KVLayout kLayout, template <typename, int, KVLayout> class Math>
+template <typename T, typename KV, int D, KVLayout kLayout, template <typename, typename, int, KVLayout> class Math>
 int paged_decode_kernel_blocks_per_sm(int threads) {
   int blocks = 0;
-  DG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, PagedDecodeKernel<T, D, kLayout, Math>,
+  DG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, PagedDecodeKernel<T, KV, D, kLayout, Math>,
                                                               threads, 0));
   return blocks;
 }
 
-template <typename T, int D, KVLayout kLayout>
+template <typename T, typename KV, int D, KVLayout kLayout>
 int paged_decode_blocks_per_sm(int group_size) {
-  if constexpr (sizeof(T) == 2) {
-    if (pass1_uses_tensor_cores(sizeof(T), group_size)) return paged_decode_tc_blocks_per_sm<T, D, kLayout>();
+  if constexpr (sizeof(KV) == 1) {
+    return paged_decode_tc_blocks_per_sm<T, KV, D, kLayout>();
+  } else {
+    if constexpr (sizeof(T) == 2) {
+      if (pass1_uses_tensor_cores(sizeof(T), group_size)) return paged_decode_tc_blocks_per_sm<T, KV, D, kLayout>();
+    }
+    return paged_decode_kernel_blocks_per_sm<T, KV, D, kLayout, CudaCoreMath>(pass1_threads_for(sizeof(T), group_size));
   }
-  return paged_decode_kernel_blocks_per_sm<T, D, kLayout, CudaCoreMath>(pass1_threads_for(sizeof(T), group_size));
 }
 
 /// The single dispatch of the pass-1 math: the tensor-core math (inst/decode_tc_*.cu) for fp16 /
-/// bf16 with groups of 4 or more, the CUDA-core math otherwise (pass1_uses_tensor_cores).
-template <typename T, int D, KVLayout kLayout>
+/// bf16 with groups of 4 or more and for fp8 caches at every group (inst/decode_fp8*.cu, which
+/// instantiate this launcher with the tensor-core math in the same file), the CUDA-core math
+/// otherwise (pass1_uses_tensor_cores).
+template <typename T, typename KV, int D, KVLayout kLayout>
 void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
   p.group_size = p.num_q_heads / p.num_kv_heads;
   p.head_chunks = pass1_head_chunks_for(p.group_size);
   p.heads_per_block = pass1_heads_per_block_for(p.group_size);
   p.block_size_log2 = ilog2(p.block_size);
-  const bool tensor_cores = pass1_uses_tensor_cores(sizeof(T), p.group_size);
+  const bool tensor_cores = pass1_uses_tensor_cores(sizeof(KV), p.group_size);
   // Grid y and z are limited to 65535 blocks.
   require(p.num_seqs <= 65535, "num_seqs", p.num_seqs, "at most 65535 per launch");
   require(static_cast<int64_t>(p.num_kv_heads) * p.head_chunks <= 65535, "num_kv_heads", p.num_kv_heads,
@@ -641,10 +669,14 @@ void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
                                                       : "PagedDecodeKernel (V1)");
   if (fault::should_fail(fault::Site::kKernelLaunch))
     fault::throw_injected(fault::Site::kKernelLaunch, std::string("launch of ") + name);
-  if constexpr (sizeof(T) == 2) {
-    if (tensor_cores) return enqueue_paged_decode_tc<T, D, kLayout>(p, stream, name);
+  if constexpr (sizeof(KV) == 1) {
+    return enqueue_paged_decode_tc<T, KV, D, kLayout>(p, stream, name);
+  } else {
+    if constexpr (sizeof(T) == 2) {
+      if (tensor_cores) return enqueue_paged_decode_tc<T, KV, D, kLayout>(p, stream, name);
+    }
+    enqueue_paged_decode<T, KV, D, kLayout, CudaCoreMath>(p, pass1_threads_for(sizeof(T), p.group_size), stream, name);
   }
-  enqueue_paged_decode<T, D, kLayout, CudaCoreMath>(p, pass1_threads_for(sizeof(T), p.group_size), stream, name);
 }
 
 }  // namespace decodegraph::kernels

@@ -4,6 +4,8 @@
 //
 // For each (sequence, query head): gather K/V token by token through the block table, logits
 // s_t = scale * q.k_t + slope * (t - len + 1), softmax in double with max subtraction, out = sum p_t v_t.
+// fp8 caches: k = value(code) * k_scale, v = value(code) * v_scale in double, the code's value
+// spelled out from its bit fields here (types.hpp's formats).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +14,8 @@
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
 #include "decodegraph/numeric.hpp"
+#include "kernels/fp8_fields.hpp"
+#include "kernels/validate.hpp"
 
 namespace decodegraph::reference {
 namespace {
@@ -43,6 +47,13 @@ struct CacheIndex {
   }
 };
 
+// Element i of a cache: the model dtype's value, or an fp8 code's value times its scale.
+double cache_value(const AttentionSpec& s, const void* cache, int64_t i, const float* scale, int kv_head) {
+  if (s.kv_dtype == KVCacheDType::kAuto) return load_as_float(s.dtype, cache, static_cast<std::size_t>(i));
+  const double sc = scale[s.kv_scale_per_head ? kv_head : 0];
+  return detail::fp8_value(s.kv_dtype, static_cast<const uint8_t*>(cache)[i]) * sc;
+}
+
 }  // namespace
 
 void paged_attention(const DecodeArgs& args, double* out64) {
@@ -55,8 +66,8 @@ void paged_attention(const DecodeArgs& args, double* out64) {
   const int hs = s.head_size, bs = s.block_size;
   const int group = s.num_q_heads / s.num_kv_heads;
   const double scale = s.scale > 0.0f ? static_cast<double>(s.scale) : 1.0 / std::sqrt(double(hs));
-  const CacheIndex ci{s.layout, s.num_kv_heads, hs, bs,
-                      static_cast<int64_t>(16 / dtype_size(s.dtype))};
+  const CacheIndex ci{s.layout, s.num_kv_heads, hs, bs, static_cast<int64_t>(16 / s.kv_elem_size())};
+  detail::check_host_scales(s, args.k_scale, args.v_scale);
 
   for (int seq = 0; seq < args.num_seqs; ++seq) {
     const int len = args.seq_lens[seq];
@@ -83,7 +94,7 @@ void paged_attention(const DecodeArgs& args, double* out64) {
         const int64_t block = table[t / bs];
         double dot = 0.0;
         for (int d = 0; d < hs; ++d)
-          dot += q[d] * load_as_float(s.dtype, args.k_cache, ci.k(block, kvh, t % bs, d));
+          dot += q[d] * cache_value(s, args.k_cache, ci.k(block, kvh, t % bs, d), args.k_scale, kvh);
         logits[t] = dot * scale + slope * double(t - len + 1);
         mx = std::max(mx, logits[t]);
       }
@@ -98,7 +109,7 @@ void paged_attention(const DecodeArgs& args, double* out64) {
         const int64_t block = table[t / bs];
         const double p = logits[t] / sum;
         for (int d = 0; d < hs; ++d)
-          o[d] += p * load_as_float(s.dtype, args.v_cache, ci.v(block, kvh, t % bs, d));
+          o[d] += p * cache_value(s, args.v_cache, ci.v(block, kvh, t % bs, d), args.v_scale, kvh);
       }
     }
   }

@@ -31,6 +31,13 @@
 // Numerics (docs/design.md, "Numerical contract"): each weight keeps 2^-16 (bf16) / 2^-22 (fp16)
 // of itself; fp16 weights are scaled by 2^15 (math::kTcWeightShiftFp16) so that the lo parts stay
 // normal numbers. host_attention.cpp models this math per path.
+// fp8 caches (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, inst/decode_fp8*.cu): the same math on fp16
+// operands at every GQA group. The codes convert to fp16 exactly after ldmatrix, two per cvt
+// (dev::fp8x4_to_half2x2), with the k index permuted inside each k16 step as TcPass1Policy's
+// comment says; q is fp16, or bf16 scaled per row by a power of two 2^s that brings its largest
+// magnitude to [2^14, 2^15) and converted to fp16 (exact for every element above 2^-38 of the row's
+// largest); k_scale and 2^-s fold into the logit's scale, v_scale into the output (V1) or the
+// partial output (V2): K and V themselves are never multiplied.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,11 +49,14 @@
 
 namespace decodegraph::kernels {
 
-template <typename T, int D, KVLayout kLayout>
+template <typename T, typename KV, int D, KVLayout kLayout>
 struct TensorCoreMath {
-  using Policy = TcPass1Policy<sizeof(T), D>;
+  /// fp8 caches: T is the mma's fp16; q and out are fp16 or bf16 by p.io_bf16.
+  static constexpr bool kFp8 = sizeof(KV) == 1;
+  static_assert(kFp8 ? std::is_same_v<T, __half> : std::is_same_v<T, KV>, "fp8 caches compute in fp16");
+  using Policy = TcPass1Policy<sizeof(KV), D>;
   using P = Policy;
-  static constexpr int kMaxRegisters = tc_pass1_max_registers(D, kLayout);
+  static constexpr int kMaxRegisters = tc_pass1_max_registers(D, kLayout, kFp8);
   /// The driver runs consume, then its barrier, then accumulate (paged_decode_body).
   static constexpr bool kSplitTile = true;
   static constexpr int NN = P::kTokenTiles;
@@ -69,12 +79,15 @@ struct TensorCoreMath {
   static constexpr uint32_t kOnes = kFp16 ? 0x3c003c00u : 0x3f803f80u;  // (1, 1) in T
   /// k-steps past D exist when the warps' shares do not divide D / 16 (D = 80, 112).
   static constexpr bool kPaddedKSteps = KSW * KSPLIT != KS;
+  /// Words between the weights of a lane's consecutive token pairs (tc_weight_k's permutation).
+  static constexpr int kPairWords = kFp8 && kLayout == KVLayout::kVLLM ? 2 : 4;
 
   uint32_t qa[KSW][4];  // A fragments of q for this warp's k-steps (zero past D and past the heads)
   float acc[NTW][4];    // C fragments of the output for this warp's d-tiles
   float lsum[2];        // sum of the weights (the products' own: weights x ones) of rows g, g + 8
   float m;              // running max (base 2) of the softmax row this lane owns
-  float scale2;         // scale * log2(e)
+  float scale2;         // scale * log2(e) (fp8: * k_scale * 2^-s of the owned row)
+  float vscale;         // fp8: v_scale of the block's KV head (1 otherwise)
   float slope2;         // ALiBi slope * log2(e) of the owned row (0 for padded rows)
   int pos_off;          // the owned pairs' first token in the tile, minus seq_len - 1 (ALiBi)
   int s_off;            // float2 index of the owned row's first pair in the score buffer
@@ -85,7 +98,7 @@ struct TensorCoreMath {
 
   // The exchange buffer (TcPass1Policy::kExchangeBytes, inside the kernel's one shared array,
   // pass1_shared): partial scores [warp][lane]; weights as A fragments [part][p.v step][lane];
-  // rescale factors of rows (g, g + 8) [g].
+  // rescale factors of rows (g, g + 8) [g]. (fp8 with bf16 q: init's row maxima, in the scores.)
   __device__ __forceinline__ static float4* exchange() { return reinterpret_cast<float4*>(pass1_exchange<P>()); }
   __device__ __forceinline__ static float4* scores() { return exchange(); }
   __device__ __forceinline__ static uint4* weights() {
@@ -110,6 +123,53 @@ struct TensorCoreMath {
   /// The softmax row (0..15) lane `lane` of warp `warp` owns, and its first token pair.
   __device__ __forceinline__ static int owned_row(int warp, int lane) { return 4 * warp + (lane % P::kSoftmaxLanes) / LPR; }
   __device__ __forceinline__ static int owned_pair(int lane) { return (lane % LPR) * PPL; }
+  /// Word index, in the weight buffer's first part, of softmax row `row`'s weights of tokens c0,
+  /// c0 + 1 (c0 even) as A fragments: step c0 / 16, lane 4 (row % 8) + (k % 8) / 2, register
+  /// row / 8 + 2 (k / 8), k = tc_weight_k(c0 % 16) (the pair shares one word: k is even).
+  __device__ __forceinline__ static int weight_word(int row, int c0) {
+    const int k = tc_weight_k<P, kLayout>(c0 % 16);
+    return 4 * ((c0 / 16) * 32 + 4 * (row % 8) + (k % 8) / 2) + row / 8 + 2 * (k / 8);
+  }
+
+  /// fp8 with bf16 q: q converted to fp16 per row by 2^s (math::fp8_q_shift of the row's largest
+  /// magnitude; exchange buffer and one barrier, since the warps split the k-steps). Returns 2^-s of
+  /// softmax row `row`.
+  __device__ __forceinline__ float q_to_fp16(int warp, int g, int t, int row) {
+    float mx[2] = {0.0f, 0.0f};  // rows g, g + 8
+#pragma unroll
+    for (int i = 0; i < KSW; ++i)
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const float2 v = bf16_pair(qa[i][reg]);
+        mx[reg & 1] = fmaxf(mx[reg & 1], fmaxf(fabsf(v.x), fabsf(v.y)));
+      }
+#pragma unroll
+    for (int o = 1; o < 4; o *= 2) {
+      mx[0] = fmaxf(mx[0], __shfl_xor_sync(kFullMask, mx[0], o));
+      mx[1] = fmaxf(mx[1], __shfl_xor_sync(kFullMask, mx[1], o));
+    }
+    float* tab = reinterpret_cast<float*>(exchange());  // [k-step group][row]
+    if (warp % NN == 0 && t == 0) {
+      tab[(warp / NN) * 16 + g] = mx[0];
+      tab[(warp / NN) * 16 + g + 8] = mx[1];
+    }
+    __syncthreads();
+    auto row_max = [&](int r) {
+      float v = tab[r];
+#pragma unroll
+      for (int k = 1; k < KSPLIT; ++k) v = fmaxf(v, tab[k * 16 + r]);
+      return v;
+    };
+    const float up[2] = {math::pow2f(math::fp8_q_shift(row_max(g))), math::pow2f(math::fp8_q_shift(row_max(g + 8)))};
+#pragma unroll
+    for (int i = 0; i < KSW; ++i)
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const float2 v = bf16_pair(qa[i][reg]);
+        qa[i][reg] = pack_pair<__half>(v.x * up[reg & 1], v.y * up[reg & 1]);
+      }
+    return math::pow2f(-math::fp8_q_shift(row_max(row)));
+  }
 
   /// Loads this warp's q fragments and its softmax row's constants; every warp takes part.
   __device__ __forceinline__ bool init(const DecodeParams& p, int seq, int seq_len) {
@@ -119,24 +179,25 @@ struct TensorCoreMath {
     const int t = lane & 3;
     const Rows r = rows(p);
     scale2 = p.scale * math::kLog2e;
+    vscale = 1.0f;
     const int row = owned_row(warp, lane);
     slope2 = p.alibi_slopes != nullptr && row < r.count ? p.alibi_slopes[r.head0 + row] * math::kLog2e : 0.0f;
     m = math::neg_inf();
     // Pair q of the owned row holds tokens c = 2q, 2q + 1: n-tile c / 8, C-fragment lane
-    // 4 (row % 8) + (c % 8) / 2, registers 2 (row / 8), +1 (a float2); A-fragment step c / 16,
-    // lane the same, register row / 8 + 2 ((c % 16) / 8). The lane's PPL pairs are consecutive,
-    // so the others are at +1 float2 / +4 words.
+    // 4 (row % 8) + (c % 8) / 2, registers 2 (row / 8), +1 (a float2); as A fragments, weight_word.
+    // The lane's PPL pairs are consecutive, so the others are at +1 float2 / +kPairWords words.
     const int c0 = 2 * owned_pair(lane);
     pos_off = c0 - (seq_len - 1);
     const int fl = 4 * (row % 8) + (c0 % 8) / 2;
     s_off = 2 * ((c0 / 8) * 32 + fl) + row / 8;
-    w_off = 4 * ((c0 / 16) * 32 + fl) + row / 8 + 2 * ((c0 % 16) / 8);
+    w_off = weight_word(row, c0);
 #pragma unroll
     for (int i = 0; i < NTW; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
     lsum[0] = lsum[1] = 0.0f;
-    // a[reg]: row g + 8 (reg & 1), columns 16 ks + 8 (reg >> 1) + 2t, +1 (one 32-bit word).
+    // a[reg]: row g + 8 (reg & 1), columns 16 ks + 8 (reg >> 1) + 2t, +1 (one 32-bit word); fp8:
+    // columns 16 ks + 4t + 2 (reg >> 1), +1 (the K fragments' permutation).
     const T* q = static_cast<const T*>(p.q) + seq * p.q_stride + static_cast<int64_t>(r.head0) * D;
     const int ks0 = (warp / NN) * KSW;
 #pragma unroll
@@ -144,11 +205,18 @@ struct TensorCoreMath {
 #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
         const int qrow = g + 8 * (reg & 1);
-        const int col = 16 * (ks0 + i) + 8 * (reg >> 1) + 2 * t;
+        const int col = 16 * (ks0 + i) + (kFp8 ? 4 * t + 2 * (reg >> 1) : 8 * (reg >> 1) + 2 * t);
         qa[i][reg] = ks0 + i < KS && qrow < r.count
                          ? __ldg(reinterpret_cast<const uint32_t*>(q + static_cast<int64_t>(qrow) * D + col))
                          : 0u;
       }
+    if constexpr (kFp8) {
+      // NOTE(graph): the scales are read from memory here, so a replay sees what was written last.
+      const int si = p.scale_per_head ? block_heads(p).kv_head : 0;
+      const float unshift = p.io_bf16 ? q_to_fp16(warp, g, t, row) : 1.0f;  // block-uniform
+      scale2 = math::fp8_scale2(p.scale, __ldg(p.k_scale + si), unshift);
+      vscale = __ldg(p.v_scale + si);
+    }
 #pragma unroll
     for (int a = 0; a < LK; ++a) k_off[a] = tc_k_ldm_offset<P, kLayout>(warp, lane, a);
 #pragma unroll
@@ -196,12 +264,18 @@ struct TensorCoreMath {
     const int warp = static_cast<int>(threadIdx.x) / 32;
 
     // Partial q.k of token n-tile warp % NN over this warp's k-steps (matrix 2i + b: B register b
-    // of k-step i).
+    // of k-step i; fp8: matrix i holds both registers of k-step i, two cvt).
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     uint32_t b0 = 0u;
     const int ks0 = (warp / NN) * KSW;
     for_matrices<MK, false>(sk, k_off, [&](int mu, uint32_t b) {
-      if (mu % 2 == 0) {
+      if constexpr (kFp8) {
+        if (mu < KSW && (!kPaddedKSteps || ks0 + mu < KS)) {  // warp-uniform
+          uint32_t b1;
+          dev::fp8x4_to_half2x2<KV>(b, b0, b1);
+          dev::mma_m16n8k16<T>(s, qa[mu], b0, b1);
+        }
+      } else if (mu % 2 == 0) {
         b0 = b;
       } else if (!kPaddedKSteps || ks0 + mu / 2 < KS) {  // warp-uniform
         dev::mma_m16n8k16<T>(s, qa[mu / 2], b0, b);
@@ -248,11 +322,11 @@ struct TensorCoreMath {
       const float p0 = dev::ex2(sc[2 * i] - sub);
       const float p1 = dev::ex2(sc[2 * i + 1] - sub);
       const uint32_t hi = pack_pair<T>(p0, p1);
-      if (stores) w[w_off + 4 * i] = hi;
+      if (stores) w[w_off + kPairWords * i] = hi;
       if constexpr (WP == 2) {
         const float2 h = unpack_pair(hi);
         const uint32_t lo = pack_pair<T>(p0 - h.x, p1 - h.y);
-        if (stores) w[w_off + 4 * i + KT * 32 * 4] = lo;
+        if (stores) w[w_off + kPairWords * i + KT * 32 * 4] = lo;
       }
     }
     const int row = owned_row(warp, lane);
@@ -304,20 +378,53 @@ struct TensorCoreMath {
         }
       }
     }
-    // Matrix mu = (kt * NTW + i) * H + h is B register h of d-tile i's step kt.
-    uint32_t v0 = 0u;
-    for_matrices<MV, kLayout == KVLayout::kNHD>(sv, v_off, [&](int mu, uint32_t b) {
-      const int kt = mu / H / NTW;
-      const int i = mu / H % NTW;
-      if (H == 2 && mu % 2 == 0) {
-        v0 = b;
-        return;
-      }
-      const uint32_t b0 = H == 1 ? b : v0;
-      const uint32_t b1 = H == 1 ? (WP == 2 ? b : 0u) : b;
+    if constexpr (kFp8 && kLayout == KVLayout::kNHD) {
+      // Matrix mu = (kt * NTW / 2 + j) * 2 + h: tokens 16 kt + 8 h .. + 7 of chunk j's 16 d, read
+      // transposed; interleave_pairs and one cvt pair give B half h of d-tiles 2j (even d) and
+      // 2j + 1 (odd d).
+      uint32_t e0 = 0u, o0 = 0u;
+      for_matrices<MV, true>(sv, v_off, [&](int mu, uint32_t b) {
+        const int pair = mu / 2;
+        const int kt = pair / (NTW / 2);
+        const int j = pair % (NTW / 2);
+        uint32_t e, o;
+        dev::fp8x4_to_half2x2<KV>(dev::interleave_pairs(b), e, o);
+        if (mu % 2 == 0) {
+          e0 = e;
+          o0 = o;
+          return;
+        }
 #pragma unroll
-      for (int part = 0; part < kParts; ++part) dev::mma_m16n8k16<T>(acc[i], pa[part][kt], b0, b1);
-    });
+        for (int part = 0; part < kParts; ++part) {
+          dev::mma_m16n8k16<T>(acc[2 * j], pa[part][kt], e0, e);
+          dev::mma_m16n8k16<T>(acc[2 * j + 1], pa[part][kt], o0, o);
+        }
+      });
+    } else if constexpr (kFp8) {
+      // Matrix mu = kt * NTW + i: d-tile i's 8 d-rows of token group kt; one cvt pair gives both B
+      // registers (tokens permuted as the weights are, tc_weight_k).
+      for_matrices<MV, false>(sv, v_off, [&](int mu, uint32_t b) {
+        uint32_t b0, b1;
+        dev::fp8x4_to_half2x2<KV>(b, b0, b1);
+#pragma unroll
+        for (int part = 0; part < kParts; ++part) dev::mma_m16n8k16<T>(acc[mu % NTW], pa[part][mu / NTW], b0, b1);
+      });
+    } else {
+      // Matrix mu = (kt * NTW + i) * H + h is B register h of d-tile i's step kt.
+      uint32_t v0 = 0u;
+      for_matrices<MV, kLayout == KVLayout::kNHD>(sv, v_off, [&](int mu, uint32_t b) {
+        const int kt = mu / H / NTW;
+        const int i = mu / H % NTW;
+        if (H == 2 && mu % 2 == 0) {
+          v0 = b;
+          return;
+        }
+        const uint32_t b0 = H == 1 ? b : v0;
+        const uint32_t b1 = H == 1 ? (WP == 2 ? b : 0u) : b;
+#pragma unroll
+        for (int part = 0; part < kParts; ++part) dev::mma_m16n8k16<T>(acc[i], pa[part][kt], b0, b1);
+      });
+    }
     // The weights' row sums, as the products used them: C registers 0 and 2 (rows g, g + 8); 1
     // and 3 hold the same sums again and are not kept.
     float ls[4] = {lsum[0], 0.0f, lsum[1], 0.0f};
@@ -332,8 +439,24 @@ struct TensorCoreMath {
   /// Nothing left to merge: every lane holds l of rows g, g + 8 (lsum), the owners the rows' max.
   __device__ __forceinline__ void finish() {}
 
+  /// An output value: acc / l (fp8: times v_scale).
+  __device__ __forceinline__ float out_value(float a, float l) const {
+    if constexpr (kFp8) return math::normalise(a, l) * vscale;
+    return math::normalise(a, l);
+  }
+  /// Two output values packed in the output dtype (fp8: fp16 or bf16 by p.io_bf16).
+  __device__ __forceinline__ static uint32_t pack_out(const DecodeParams& p, float a, float b) {
+    if constexpr (kFp8) {
+      if (p.io_bf16) return pack_pair<__nv_bfloat16>(a, b);
+    }
+    return pack_pair<T>(a, b);
+  }
+
   /// Each warp writes its d-tiles of the block's real rows: V1 the normalised output, V2 the
   /// partial (m in natural units from the row's softmax owner, l unscaled from warp 0, acc / l).
+  /// d of C register e of d-tile i: 8 dt + 2t + (e & 1) (dt = warp * NTW + i); fp8 NHD: d-tiles
+  /// 2j, 2j + 1 hold the even and odd d of chunk c = warp * NTW / 2 + j, so a lane writes d
+  /// 16 c + 4t .. + 3.
   __device__ __forceinline__ void write(const DecodeParams& p, int seq, int part) const {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -356,21 +479,43 @@ struct TensorCoreMath {
         const int64_t idx = math::partial_index(seq, q_head, part, p.num_q_heads, p.max_partitions);
         if (warp == 0 && t == 0) p.exp_sums[idx] = kFp16 ? l * (1.0f / (1 << math::kTcWeightShiftFp16)) : l;
         float* dst = p.partial_out + idx * D;
+        if constexpr (kFp8 && kLayout == KVLayout::kNHD) {
 #pragma unroll
-        for (int i = 0; i < NTW; ++i) {
-          const int dt = warp * NTW + i;
-          if (NTW * P::kWarps == NDT || dt < NDT)
-            *reinterpret_cast<float2*>(dst + 8 * dt + 2 * t) =
-                float2{math::normalise(acc[i][2 * h], l), math::normalise(acc[i][2 * h + 1], l)};
+          for (int j = 0; j < NTW / 2; ++j) {
+            const int c = warp * (NTW / 2) + j;
+            if (c < P::kChunksPerToken)
+              *reinterpret_cast<float4*>(dst + 16 * c + 4 * t) =
+                  float4{out_value(acc[2 * j][2 * h], l), out_value(acc[2 * j + 1][2 * h], l),
+                         out_value(acc[2 * j][2 * h + 1], l), out_value(acc[2 * j + 1][2 * h + 1], l)};
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < NTW; ++i) {
+            const int dt = warp * NTW + i;
+            if (NTW * P::kWarps == NDT || dt < NDT)
+              *reinterpret_cast<float2*>(dst + 8 * dt + 2 * t) =
+                  float2{out_value(acc[i][2 * h], l), out_value(acc[i][2 * h + 1], l)};
+          }
         }
       } else {
         T* dst = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D;
+        if constexpr (kFp8 && kLayout == KVLayout::kNHD) {
 #pragma unroll
-        for (int i = 0; i < NTW; ++i) {
-          const int dt = warp * NTW + i;
-          if (NTW * P::kWarps == NDT || dt < NDT)
-            *reinterpret_cast<uint32_t*>(dst + 8 * dt + 2 * t) =
-                pack_pair<T>(math::normalise(acc[i][2 * h], l), math::normalise(acc[i][2 * h + 1], l));
+          for (int j = 0; j < NTW / 2; ++j) {
+            const int c = warp * (NTW / 2) + j;
+            if (c < P::kChunksPerToken)
+              *reinterpret_cast<uint2*>(dst + 16 * c + 4 * t) =
+                  uint2{pack_out(p, out_value(acc[2 * j][2 * h], l), out_value(acc[2 * j + 1][2 * h], l)),
+                        pack_out(p, out_value(acc[2 * j][2 * h + 1], l), out_value(acc[2 * j + 1][2 * h + 1], l))};
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < NTW; ++i) {
+            const int dt = warp * NTW + i;
+            if (NTW * P::kWarps == NDT || dt < NDT)
+              *reinterpret_cast<uint32_t*>(dst + 8 * dt + 2 * t) =
+                  pack_out(p, out_value(acc[i][2 * h], l), out_value(acc[i][2 * h + 1], l));
+          }
         }
       }
     }
@@ -383,21 +528,24 @@ struct TensorCoreMath {
       memcpy(&h, &w, sizeof h);
       return __half22float2(h);
     } else {
-      return float2{decodegraph::bits_float(w << 16), decodegraph::bits_float(w & 0xffff0000u)};
+      return bf16_pair(w);
     }
+  }
+  __device__ __forceinline__ static float2 bf16_pair(uint32_t w) {
+    return float2{decodegraph::bits_float(w << 16), decodegraph::bits_float(w & 0xffff0000u)};
   }
 };
 
-// ---------------------------------------------------------------- launchers (inst/decode_tc_*.cu)
+// ---------------------------------------------------------------- launchers (inst/decode_tc_*.cu, inst/decode_fp8*.cu)
 
-template <typename T, int D, KVLayout kLayout>
+template <typename T, typename KV, int D, KVLayout kLayout>
 void enqueue_paged_decode_tc(const DecodeParams& p, cudaStream_t stream, const char* name) {
-  enqueue_paged_decode<T, D, kLayout, TensorCoreMath>(p, TcPass1Policy<sizeof(T), D>::kThreads, stream, name);
+  enqueue_paged_decode<T, KV, D, kLayout, TensorCoreMath>(p, TcPass1Policy<sizeof(KV), D>::kThreads, stream, name);
 }
 
-template <typename T, int D, KVLayout kLayout>
+template <typename T, typename KV, int D, KVLayout kLayout>
 int paged_decode_tc_blocks_per_sm() {
-  return paged_decode_kernel_blocks_per_sm<T, D, kLayout, TensorCoreMath>(TcPass1Policy<sizeof(T), D>::kThreads);
+  return paged_decode_kernel_blocks_per_sm<T, KV, D, kLayout, TensorCoreMath>(TcPass1Policy<sizeof(KV), D>::kThreads);
 }
 
 }  // namespace decodegraph::kernels

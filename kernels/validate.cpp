@@ -1,8 +1,10 @@
 // Argument validation for the eager entry points (attention.hpp) and the V2 workspace layout.
 // Everything here is host-only and reads only host memory: device pointers are checked for null and
 // alignment, never dereferenced; contents are checked only through the optional host_* copies.
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
@@ -39,7 +41,24 @@ void require_row_stride(int64_t stride, std::string_view name, int64_t row, std:
               std::to_string(row) + " (one row)");
 }
 
+// fp8 caches need both scales (fp32, read by the kernels); kv_dtype auto ignores them.
+void require_scales(const AttentionSpec& s, const float* k_scale, const float* v_scale) {
+  if (!s.fp8_kv()) return;
+  const std::string allowed = "a non-null pointer aligned to 4 bytes to " + std::to_string(s.kv_scale_count()) +
+                              " fp32 value(s) (required with kv_dtype " + to_string(s.kv_dtype) + ")";
+  for (auto [p, name] : {std::pair{k_scale, "k_scale"}, std::pair{v_scale, "v_scale"}})
+    require(p != nullptr && reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0, name, ptr_text(p), allowed);
+}
+
 }  // namespace
+
+void detail::check_host_scales(const AttentionSpec& s, const float* k_scale, const float* v_scale) {
+  if (!s.fp8_kv()) return;
+  for (auto [p, name] : {std::pair{k_scale, "k_scale"}, std::pair{v_scale, "v_scale"}})
+    for (int h = 0; h < s.kv_scale_count(); ++h)
+      require(std::isfinite(p[h]) && p[h] > 0.0f, std::string(name) + "[" + std::to_string(h) + "]", p[h],
+              "a finite value > 0 (K = code * k_scale, V = code * v_scale)");
+}
 
 void validate_partition_size(const AttentionSpec& spec, int partition_size) {
   require(partition_size > 0 && spec.block_size > 0 && partition_size % spec.block_size == 0,
@@ -70,6 +89,7 @@ void validate_decode_args(const DecodeArgs& a) {
   require_ptr(a.block_tables, "block_tables", alignof(int32_t));
   require_ptr(a.seq_lens, "seq_lens", alignof(int32_t));
   if (a.alibi_slopes != nullptr) require_ptr(a.alibi_slopes, "alibi_slopes", alignof(float));
+  require_scales(s, a.k_scale, a.v_scale);
 
   if (a.bad_block != nullptr) require_ptr(a.bad_block, "bad_block", alignof(int));
 
@@ -170,6 +190,7 @@ void validate_append_args(const AppendArgs& a) {
   require_ptr(a.k_cache, "k_cache", kTensorAlign);
   require_ptr(a.v_cache, "v_cache", kTensorAlign);
   require_ptr(a.slot_mapping, "slot_mapping", alignof(int64_t));
+  require_scales(a.spec, a.k_scale, a.v_scale);
   require((a.seq_lens == nullptr) == (a.block_tables == nullptr), "block_tables",
           ptr_text(a.block_tables),
           std::string("null with seq_lens null, non-null with seq_lens given (seq_lens = ") + ptr_text(a.seq_lens) +

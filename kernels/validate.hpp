@@ -15,6 +15,9 @@ namespace decodegraph::detail {
 V2WorkspaceLayout validate_v2_args(const DecodeArgs& args, int partition_size, const void* workspace,
                                    std::size_t workspace_bytes);
 
+/// fp8 caches: every value behind k_scale and v_scale (host pointers, spec.kv_scale_count() each) is
+/// finite and > 0, else InvalidArgument naming it. Nothing for kv_dtype auto.
+void check_host_scales(const AttentionSpec& spec, const float* k_scale, const float* v_scale);
 /// Throws InvalidArgument naming `param` unless `slot` is the slot of position len - 1 under `row`
 /// (kernels/append_report.hpp position_slot), and that position's block id (naming the entry)
 /// unless it is in [0, num_blocks); `row_name` names the row in the message ("block_tables[3]").

@@ -2,9 +2,10 @@
 # CI static guard of the kernels (issue 9): compiles kernels/inst/*.cu for sm_90 and runs
 # scripts/kernel_report.sh --guard, which fails unless
 #   1. no kernel spills or uses local memory;
-#   2. no pass-1 main loop has scalar 2-byte shared stores (STS.U16 / STS.16);
+#   2. no pass-1 main loop has scalar 2-byte or 1-byte shared stores (STS.U16 / STS.16, STS.U8);
 #   3. pass 1 for bf16, head 128, GQA 4 executes at most 0.15 warp-instructions per K+V byte in both
-#      layouts (the tensor-core math with its precise hi / lo weights);
+#      layouts (the tensor-core math with its precise hi / lo weights), and for fp8 caches (E4M3 and
+#      E5M2, head 128, GQA 4, both layouts) at most 0.30 (two values a byte);
 #   4. the report's probe launched every kernel (so 1-3 could be checked).
 # A regression guard read off the SASS, not a performance claim (docs/kernel-report.md).
 # Before the guard, scripts/kernel_report/selftest.py checks the report on two fixture kernels (one

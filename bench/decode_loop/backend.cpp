@@ -52,6 +52,16 @@ void BackendOps::fill(dg::DType dtype, void* p, std::size_t n, std::uint64_t see
   dgbench::fill_random_host(dtype, p, n, seed);
 }
 
+void BackendOps::fill_kv(const dg::AttentionSpec& spec, void* p, std::size_t n, std::uint64_t seed) const {
+#if DECODEGRAPH_HAS_CUDA
+  if (gpu) {
+    dgbench::fill_random_kv_device(spec, p, n, seed, cuda(stream));
+    return;
+  }
+#endif
+  dgbench::fill_random_kv_host(spec, p, n, seed);
+}
+
 Machine measure_machine(bool gpu) {
   Machine m;
 #if DECODEGRAPH_HAS_CUDA

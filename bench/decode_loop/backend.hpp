@@ -108,6 +108,8 @@ struct BackendOps {
   void to_host(void* dst, const void* src, std::size_t bytes) const;
   /// Seeded random values of `dtype`, never all zero (dgbench::fill_random_*).
   void fill(dg::DType dtype, void* p, std::size_t n, std::uint64_t seed) const;
+  /// A KV cache of `spec`: fill for kv_dtype auto, fp8 codes otherwise (dgbench::fill_random_kv_*).
+  void fill_kv(const dg::AttentionSpec& spec, void* p, std::size_t n, std::uint64_t seed) const;
 };
 
 /// The machine the run reports on: on CUDA the device and its bandwidth measured in this run.

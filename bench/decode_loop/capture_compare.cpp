@@ -93,16 +93,22 @@ std::vector<CaptureCost> plan_only_capture_costs(const dg::ExecutorConfig& cfg, 
   ec.num_blocks = 1;
   ec.num_layers = layers;
   std::size_t block_bytes = 0;  // one block of the largest layer's cache
+  int scale_count = 1;
   for (int l = 0; l < layers; ++l) {
     const dg::AttentionSpec& s = cfg.layer_specs.empty() ? cfg.spec : cfg.layer_specs[static_cast<std::size_t>(l)];
-    block_bytes = std::max(block_bytes, s.block_elems() * dg::dtype_size(s.dtype));
+    block_bytes = std::max(block_bytes, s.block_bytes());
+    scale_count = std::max(scale_count, s.kv_scale_count());
   }
+  const std::vector<float> scales(static_cast<std::size_t>(scale_count), 1.0f);  // fp8: required
   std::vector<Buffer> caches;
   caches.reserve(2 * static_cast<std::size_t>(layers));  // the executor holds their addresses: never moved
   for (int l = 0; l < 2 * layers; ++l) caches.emplace_back(false, block_bytes);
   for (int l = 0; l < layers; ++l) {
-    ec.layers.push_back(dg::LayerBuffers{caches[2 * l].get(), caches[2 * l + 1].get()});
-    ec.layers.back().k_cache_bytes = ec.layers.back().v_cache_bytes = block_bytes;  // the host backend cannot ask
+    dg::LayerBuffers lb{caches[2 * l].get(), caches[2 * l + 1].get()};
+    lb.k_cache_bytes = lb.v_cache_bytes = block_bytes;  // the host backend cannot ask
+    const dg::AttentionSpec& s = cfg.layer_specs.empty() ? cfg.spec : cfg.layer_specs[static_cast<std::size_t>(l)];
+    if (s.fp8_kv()) lb.k_scale = lb.v_scale = scales.data();
+    ec.layers.push_back(lb);
   }
   return capture_costs(ec);
 }

@@ -53,7 +53,8 @@ json shape_json(const std::string& preset, const dg::AttentionSpec& spec) {
           {"kv_heads", spec.num_kv_heads},
           {"head_size", spec.head_size},
           {"block_size", spec.block_size},
-          {"dtype", dg::to_string(spec.dtype)}};
+          {"dtype", dg::to_string(spec.dtype)},
+          {"kv_dtype", dg::to_string(spec.kv_dtype)}};
 }
 
 json device_model_json(const dg::DeviceModel& d, const std::string& source) {

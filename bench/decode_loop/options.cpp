@@ -74,6 +74,12 @@ void add_shape_options(CLI::App& app, Options& o) {
   app.add_option("--layout", o.layout, "override the preset's KV layout")
       ->check(parsed_by<dg::Error>([](const std::string& s) { dg::parse_layout(s); }, "vllm|nhd"))
       ->group("shape");
+  app.add_option("--kv-dtype", o.kv_dtype,
+                 "KV cache dtype, as vLLM's kv_cache_dtype: auto (the dtype), fp8 / fp8_e4m3, fp8_e5m2 (scales "
+                 "1/256 in device memory; GB/s counts the fp8 bytes)")
+      ->check(parsed_by<dg::Error>([](const std::string& s) { dg::parse_kv_cache_dtype(s); },
+                                   "auto|fp8|fp8_e4m3|fp8_e5m2"))
+      ->group("shape");
 }
 
 void add_loop_options(CLI::App& app, Options& o) {

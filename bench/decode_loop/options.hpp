@@ -19,6 +19,7 @@ struct Options {
   std::string preset;
   int q_heads = 0, kv_heads = 0, head_size = 0, block_size = 0;
   std::string dtype, layout;
+  std::string kv_dtype;  // vLLM's kv_cache_dtype: auto, fp8, fp8_e4m3, fp8_e5m2
   int batch = 0;
   std::string start_lens;
   int steps = 0;

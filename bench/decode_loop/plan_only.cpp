@@ -38,9 +38,10 @@ void print_plans(const Setup& s, const dg::ExecutorConfig& cfg, const std::strin
     for (const char* flag : {"--preset ", "--batch ", "--max-seq-len ", "--partition ", "--threshold ", "--policy "})
       if (d.rfind(flag, 0) == 0) planning_defaults.push_back(d);
   if (!planning_defaults.empty()) fmt::print(out, "defaults used: {};\n", fmt::join(planning_defaults, "; "));
-  fmt::print(out, "shape: {} q heads, {} kv heads, head {}, block {}, {}; max_batch {}, max_seq_len {}, threshold {}\n",
+  fmt::print(out, "shape: {} q heads, {} kv heads, head {}, block {}, {}, kv {}; max_batch {}, max_seq_len {}, "
+                  "threshold {}\n",
              spec.num_q_heads, spec.num_kv_heads, spec.head_size, spec.block_size, dg::to_string(spec.dtype),
-             cfg.max_batch, cfg.max_seq_len, cfg.v2_threshold);
+             dg::to_string(spec.kv_dtype), cfg.max_batch, cfg.max_seq_len, cfg.v2_threshold);
   fmt::print(out, "policy {}; device model {} SMs x {} resident pass-1 blocks = {} slots ({})\n", s.opt.policy,
              cfg.device_model.num_sms, cfg.device_model.blocks_per_sm, cfg.device_model.target_blocks(), source);
   if (!cfg.layer_specs.empty()) {  // each layer group is planned with its own spec and kernel's slots

@@ -32,17 +32,19 @@ std::string run_header(const Setup& s) {
     for (const auto& d : s.defaults_used) h += fmt::format(" {};", d);
     h += "\n";
   }
-  h += fmt::format("shape: {} q heads, {} kv heads, head {}, block {}, {}, layout {}; batch {}, {} layers, {} steps "
-                   "x {} segments\n",
+  h += fmt::format("shape: {} q heads, {} kv heads, head {}, block {}, {}, kv {}, layout {}; batch {}, {} layers, {} "
+                   "steps x {} segments\n",
                    spec.num_q_heads, spec.num_kv_heads, spec.head_size, spec.block_size, dg::to_string(spec.dtype),
-                   dg::to_string(spec.layout), s.opt.batch, s.opt.layers, s.opt.steps, s.segments.size());
+                   dg::to_string(spec.kv_dtype), dg::to_string(spec.layout), s.opt.batch, s.opt.layers, s.opt.steps,
+                   s.segments.size());
   if (!s.cfg.layer_specs.empty()) {
     const std::vector<int> groups = dg::layer_groups_of(s.cfg);
     h += fmt::format("layers differ: {} layer groups, each planned on its own (the plan table's group column)\n",
                      *std::max_element(groups.begin(), groups.end()) + 1);
   }
-  h += fmt::format("KV cache: {} blocks x {} layers = {}\n\n", s.geo.num_blocks, s.opt.layers,
-                   dgbench::format_bytes(2.0 * static_cast<double>(s.geo.cache_elems_all * s.geo.esize)));
+  h += fmt::format("KV cache: {} blocks x {} layers = {}{}\n\n", s.geo.num_blocks, s.opt.layers,
+                   dgbench::format_bytes(2.0 * static_cast<double>(s.geo.cache_bytes_all)),
+                   spec.fp8_kv() ? " (fp8 codes, scales 1/256)" : "");
   return h;
 }
 

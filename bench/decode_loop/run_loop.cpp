@@ -14,14 +14,25 @@ namespace dgloop {
 Caches::Caches(const Setup& s) {
   const Geometry& g = s.geo;
   for (int l = 0; l < s.opt.layers; ++l) {
-    k.emplace_back(s.gpu, g.layer[l].cache_elems * g.esize);
-    v.emplace_back(s.gpu, g.layer[l].cache_elems * g.esize);
+    k.emplace_back(s.gpu, g.layer[l].cache_elems * g.layer[l].kv_esize);
+    v.emplace_back(s.gpu, g.layer[l].cache_elems * g.layer[l].kv_esize);
     eager_out.emplace_back(s.gpu, g.layer[l].qo_elems * g.esize);
   }
   const BackendOps ops{s.gpu, nullptr};
   for (int l = 0; l < s.opt.layers; ++l) {
-    ops.fill(s.spec.dtype, k[l].get(), g.layer[l].cache_elems, s.opt.seed * 1000 + 2 * l);
-    ops.fill(s.spec.dtype, v[l].get(), g.layer[l].cache_elems, s.opt.seed * 1000 + 2 * l + 1);
+    const dg::AttentionSpec& spec = s.layer_specs[static_cast<std::size_t>(l)];
+    ops.fill_kv(spec, k[l].get(), g.layer[l].cache_elems, s.opt.seed * 1000 + 2 * l);
+    ops.fill_kv(spec, v[l].get(), g.layer[l].cache_elems, s.opt.seed * 1000 + 2 * l + 1);
+  }
+  if (s.spec.fp8_kv()) {  // --kv-dtype: every layer's cache
+    for (int l = 0; l < s.opt.layers; ++l) {
+      const std::vector<float> scales(
+          static_cast<std::size_t>(s.layer_specs[static_cast<std::size_t>(l)].kv_scale_count()), dgbench::kFillKvScale);
+      for (std::vector<Buffer>* b : {&k_scale, &v_scale}) {
+        b->emplace_back(s.gpu, scales.size() * sizeof(float));
+        ops.to_device_async(b->back().get(), scales.data(), scales.size() * sizeof(float));
+      }
+    }
   }
   ops.sync_device();
 }
@@ -33,7 +44,9 @@ dg::ExecutorConfig run_config(const Setup& s, const Caches& caches) {
     dg::LayerBuffers lb;
     lb.k_cache = caches.k[l].get();
     lb.v_cache = caches.v[l].get();
-    lb.k_cache_bytes = lb.v_cache_bytes = s.geo.layer[l].cache_elems * s.geo.esize;  // the host backend cannot ask
+    lb.k_scale = caches.k_scale_of(l);
+    lb.v_scale = caches.v_scale_of(l);
+    lb.k_cache_bytes = lb.v_cache_bytes = s.geo.layer[l].cache_elems * s.geo.layer[l].kv_esize;  // the host backend cannot ask
     cfg.layers.push_back(lb);
   }
   cfg.num_blocks = s.geo.num_blocks;
@@ -200,6 +213,8 @@ class DecodeLoop {
     ap.k_cache = caches_.k[l].get();
     ap.v_cache = caches_.v[l].get();
     ap.slot_mapping = static_cast<const int64_t*>(d_slots_.get());
+    ap.k_scale = caches_.k_scale_of(l);
+    ap.v_scale = caches_.v_scale_of(l);
     // max_len: what an eager caller knows; the graph uses its band's upper edge.
     dg::DecodeArgs a = decode_args(l, max_len, caches_.eager_out[l].get(),
                                    static_cast<const int32_t*>(d_tables_.get()),
@@ -231,6 +246,8 @@ class DecodeLoop {
     a.v_cache = caches_.v[l].get();
     a.block_tables = tables;
     a.seq_lens = lens;
+    a.k_scale = caches_.k_scale_of(l);  // host memory on the host backend (the reference reads them)
+    a.v_scale = caches_.v_scale_of(l);
     return a;
   }
 

@@ -13,10 +13,13 @@
 
 namespace dgloop {
 
-/// Every layer's K and V caches (random, never zero) and the eager launches' outputs.
+/// Every layer's K and V caches (random, never zero), the eager launches' outputs, and for fp8
+/// caches each layer's scales (dgbench::kFillKvScale, in the backend's memory).
 struct Caches {
   explicit Caches(const Setup& s);
-  std::vector<Buffer> k, v, eager_out;
+  std::vector<Buffer> k, v, eager_out, k_scale, v_scale;
+  const float* k_scale_of(int l) const { return k_scale.empty() ? nullptr : static_cast<const float*>(k_scale[l].get()); }
+  const float* v_scale_of(int l) const { return v_scale.empty() ? nullptr : static_cast<const float*>(v_scale[l].get()); }
 };
 
 /// The run's executor config: planning's (Setup::cfg) plus the caches and layers, the capture policy,

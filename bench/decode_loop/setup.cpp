@@ -46,7 +46,12 @@ dg::AttentionSpec spec_of(const Options& o) {
   if (o.block_size) spec.block_size = o.block_size;
   if (!o.dtype.empty()) spec.dtype = dg::parse_dtype(o.dtype);
   if (!o.layout.empty()) spec.layout = dg::parse_layout(o.layout);
-  dg::validate_spec(spec);
+  if (!o.kv_dtype.empty()) spec.kv_dtype = dg::parse_kv_cache_dtype(o.kv_dtype);
+  try {
+    dg::validate_spec(spec);
+  } catch (const dg::InvalidArgument& e) {
+    usage_error(e.what());  // e.g. --dtype fp32 with --kv-dtype fp8
+  }
   return spec;
 }
 
@@ -83,10 +88,11 @@ Geometry geometry_of(const Setup& s, long long max_blocks) {
   for (const dg::AttentionSpec& spec : s.layer_specs) {
     LayerSizes l;
     l.cache_elems = static_cast<std::size_t>(g.num_blocks) * spec.block_elems();
+    l.kv_esize = spec.kv_elem_size();
     l.qo_elems = static_cast<std::size_t>(s.opt.batch) * spec.num_q_heads * spec.head_size;
     l.kv_row_elems = static_cast<std::size_t>(s.opt.batch) * spec.num_kv_heads * spec.head_size;
     g.max_qo_elems = std::max(g.max_qo_elems, l.qo_elems);
-    g.cache_elems_all += l.cache_elems;
+    g.cache_bytes_all += l.cache_elems * l.kv_esize;
     g.layer.push_back(l);
   }
   return g;

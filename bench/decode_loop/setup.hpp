@@ -23,6 +23,7 @@ std::vector<Segment> parse_segments(const std::string& text, int batch);
 /// One layer's sizes, from its own spec.
 struct LayerSizes {
   std::size_t cache_elems = 0;   // its K (or V) cache
+  std::size_t kv_esize = 0;      // bytes of one element of its KV cache (1 for fp8)
   std::size_t qo_elems = 0;      // its q (or out): batch x q heads x head size
   std::size_t kv_row_elems = 0;  // its new K (or V): batch x kv heads x head size
 };
@@ -31,10 +32,10 @@ struct LayerSizes {
 struct Geometry {
   int num_blocks = 0;  // blocks per layer's cache: enough for the segment that needs the most
   int width = 0;       // block-table row width
-  std::size_t esize = 0;          // bytes of one element of the dtype (every layer's)
+  std::size_t esize = 0;          // bytes of one element of the dtype (q, out, new K / V; every layer's)
   std::vector<LayerSizes> layer;  // [layers]
   std::size_t max_qo_elems = 0;   // the widest layer's q (or out)
-  std::size_t cache_elems_all = 0;  // every layer's K (or V) cache together
+  std::size_t cache_bytes_all = 0;  // every layer's K (or V) cache together
 };
 
 struct Setup {

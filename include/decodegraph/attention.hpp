@@ -1,7 +1,8 @@
 // Eager paged decode attention: V1 (single pass) and V2 (partitioned pass 1 + merge),
 // the KV append (vLLM reshape_and_cache), and their float64 / host counterparts.
 //
-// Shapes (elements of spec.dtype unless noted):
+// Shapes (elements of spec.dtype unless noted; the caches hold one-byte codes when spec.kv_dtype is
+// fp8, and x = 16 bytes / kv_elem_size() = 16 then):
 //   q, out        [num_seqs, num_q_heads, head_size]: one row per sequence; rows may be q_stride /
 //                 out_stride elements apart (e.g. q inside a fused QKV buffer), heads contiguous
 //   k_cache       kVLLM: [num_blocks, kv_heads, head_size/x, block_size, x]; kNHD: [num_blocks, block_size, kv_heads, head_size]
@@ -10,6 +11,9 @@
 //   seq_lens      int32 [num_seqs], each 0 .. max_seq_len; 0 marks a padded row: accepted everywhere
 //                 (validation, kernels, host implementation, reference), its output left untouched
 //   alibi_slopes  fp32 [num_q_heads] or null; bias = slope * (pos - seq_len + 1)
+//   k_scale, v_scale  fp32 [spec.kv_scale_count()] (1, or num_kv_heads): fp8 caches only (required
+//                 there, ignored for kv_dtype auto). K = float(code) * k_scale[h], V likewise; read
+//                 from memory when the kernels run (a graph replay sees the values written since).
 #pragma once
 
 #include <cstddef>
@@ -44,6 +48,10 @@ struct DecodeArgs {
   const int32_t* block_tables = nullptr;
   const int32_t* seq_lens = nullptr;
   const float* alibi_slopes = nullptr;
+  /// fp8 caches: the dequantisation scales (header comment). The host implementation and the
+  /// reference read them (host pointers) and reject a value that is not finite and > 0.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
 
   /// Optional host copy of seq_lens. The CUDA launchers never read device memory on the host (they
   /// stay capturable), so per-length checks happen only when this is given.
@@ -88,8 +96,9 @@ void validate_decode_args(const DecodeArgs& args);
 /// Throws Error unless partition_size is a positive multiple of block_size.
 void validate_partition_size(const AttentionSpec& spec, int partition_size);
 
-/// KV append arguments (vLLM reshape_and_cache): key/value [num_tokens, num_kv_heads, head_size];
-/// slot_mapping int64 [num_tokens]: slot = block_id * block_size + offset; a negative slot is skipped.
+/// KV append arguments (vLLM reshape_and_cache): key/value [num_tokens, num_kv_heads, head_size] in
+/// the model dtype; slot_mapping int64 [num_tokens]: slot = block_id * block_size + offset; a
+/// negative slot is skipped. An fp8 cache stores rne(x / scale) saturated to +-max (numeric.hpp).
 /// On the device a slot at or past num_blocks * block_size is skipped too (never written out of
 /// bounds); the host implementation and validation with host_slot_mapping reject it.
 ///
@@ -115,6 +124,9 @@ struct AppendArgs {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   const int64_t* slot_mapping = nullptr;
+  /// fp8 caches: the quantisation scales, as DecodeArgs::k_scale / v_scale (required there).
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   /// Optional host copy of slot_mapping, range-checked against num_blocks * block_size when given.
   const int64_t* host_slot_mapping = nullptr;
   /// Optional, both or neither: int32 [num_tokens] lengths (including the appended token) and

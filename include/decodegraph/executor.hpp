@@ -236,11 +236,19 @@ struct LayerBuffers {
   int64_t new_key_stride = 0;
   int64_t new_value_stride = 0;
   /// Optional: bytes from k_cache / v_cache to the end of their allocation (0 = not given). When
-  /// given, each must hold num_blocks blocks (num_blocks * block_elems() * dtype size), else the
+  /// given, each must hold num_blocks blocks (num_blocks * spec.block_bytes()), else the
   /// executor rejects the layer. The CUDA backend also asks the driver for the allocation's range
   /// and checks that, given or not; the host backend can only check what is given here.
   std::size_t k_cache_bytes = 0;
   std::size_t v_cache_bytes = 0;
+  /// fp8 caches (spec.kv_dtype): the layer's dequantisation scales, fp32 [spec.kv_scale_count()]
+  /// (one value, or one per KV head) in device memory (host memory on the host backend) that the
+  /// caller owns and keeps in place like the caches; required there, ignored for kv_dtype auto.
+  /// The kernels read them each time they run, so new values written between two steps (a
+  /// recalibration) apply from the next step on, with no recapture; the appends quantise with them
+  /// too (attention.hpp). rebind_layers may point them elsewhere.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
 };
 
 struct ExecutorConfig {

@@ -4,19 +4,19 @@
 
 namespace decodegraph::kernels {
 
-template void launch_paged_decode<__nv_bfloat16, 64, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__nv_bfloat16, 80, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__nv_bfloat16, 96, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__nv_bfloat16, 112, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__nv_bfloat16, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__nv_bfloat16, 192, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__nv_bfloat16, 256, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template int paged_decode_blocks_per_sm<__nv_bfloat16, 64, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__nv_bfloat16, 80, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__nv_bfloat16, 96, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__nv_bfloat16, 112, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__nv_bfloat16, 128, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__nv_bfloat16, 192, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__nv_bfloat16, 256, KVLayout::kNHD>(int);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 64, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 80, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 96, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 112, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 192, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 256, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 64, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 80, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 96, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 112, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 128, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 192, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 256, KVLayout::kNHD>(int);
 
 }  // namespace decodegraph::kernels

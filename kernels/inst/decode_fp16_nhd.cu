@@ -4,19 +4,19 @@
 
 namespace decodegraph::kernels {
 
-template void launch_paged_decode<__half, 64, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 80, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 96, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 112, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 192, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 256, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template int paged_decode_blocks_per_sm<__half, 64, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__half, 80, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__half, 96, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__half, 112, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__half, 128, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__half, 192, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<__half, 256, KVLayout::kNHD>(int);
+template void launch_paged_decode<__half, __half, 64, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 80, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 96, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 112, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 192, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 256, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template int paged_decode_blocks_per_sm<__half, __half, 64, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 80, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 96, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 112, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 128, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 192, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 256, KVLayout::kNHD>(int);
 
 }  // namespace decodegraph::kernels

@@ -4,19 +4,19 @@
 
 namespace decodegraph::kernels {
 
-template void launch_paged_decode<__half, 64, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 80, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 96, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 112, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 192, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 256, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
-template int paged_decode_blocks_per_sm<__half, 64, KVLayout::kVLLM>(int);
-template int paged_decode_blocks_per_sm<__half, 80, KVLayout::kVLLM>(int);
-template int paged_decode_blocks_per_sm<__half, 96, KVLayout::kVLLM>(int);
-template int paged_decode_blocks_per_sm<__half, 112, KVLayout::kVLLM>(int);
-template int paged_decode_blocks_per_sm<__half, 128, KVLayout::kVLLM>(int);
-template int paged_decode_blocks_per_sm<__half, 192, KVLayout::kVLLM>(int);
-template int paged_decode_blocks_per_sm<__half, 256, KVLayout::kVLLM>(int);
+template void launch_paged_decode<__half, __half, 64, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 80, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 96, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 112, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 192, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 256, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template int paged_decode_blocks_per_sm<__half, __half, 64, KVLayout::kVLLM>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 80, KVLayout::kVLLM>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 96, KVLayout::kVLLM>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 112, KVLayout::kVLLM>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 128, KVLayout::kVLLM>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 192, KVLayout::kVLLM>(int);
+template int paged_decode_blocks_per_sm<__half, __half, 256, KVLayout::kVLLM>(int);
 
 }  // namespace decodegraph::kernels

@@ -4,19 +4,19 @@
 
 namespace decodegraph::kernels {
 
-template void launch_paged_decode<float, 64, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<float, 80, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<float, 96, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<float, 112, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<float, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<float, 192, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<float, 256, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template int paged_decode_blocks_per_sm<float, 64, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<float, 80, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<float, 96, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<float, 112, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<float, 128, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<float, 192, KVLayout::kNHD>(int);
-template int paged_decode_blocks_per_sm<float, 256, KVLayout::kNHD>(int);
+template void launch_paged_decode<float, float, 64, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<float, float, 80, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<float, float, 96, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<float, float, 112, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<float, float, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<float, float, 192, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<float, float, 256, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template int paged_decode_blocks_per_sm<float, float, 64, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<float, float, 80, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<float, float, 96, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<float, float, 112, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<float, float, 128, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<float, float, 192, KVLayout::kNHD>(int);
+template int paged_decode_blocks_per_sm<float, float, 256, KVLayout::kNHD>(int);
 
 }  // namespace decodegraph::kernels

@@ -5,19 +5,19 @@
 
 namespace decodegraph::kernels {
 
-template void enqueue_paged_decode_tc<__nv_bfloat16, 64, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__nv_bfloat16, 80, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__nv_bfloat16, 96, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__nv_bfloat16, 112, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__nv_bfloat16, 128, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__nv_bfloat16, 192, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__nv_bfloat16, 256, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
-template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, 64, KVLayout::kVLLM>();
-template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, 80, KVLayout::kVLLM>();
-template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, 96, KVLayout::kVLLM>();
-template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, 112, KVLayout::kVLLM>();
-template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, 128, KVLayout::kVLLM>();
-template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, 192, KVLayout::kVLLM>();
-template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, 256, KVLayout::kVLLM>();
+template void enqueue_paged_decode_tc<__nv_bfloat16, __nv_bfloat16, 64, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__nv_bfloat16, __nv_bfloat16, 80, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__nv_bfloat16, __nv_bfloat16, 96, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__nv_bfloat16, __nv_bfloat16, 112, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__nv_bfloat16, __nv_bfloat16, 128, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__nv_bfloat16, __nv_bfloat16, 192, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__nv_bfloat16, __nv_bfloat16, 256, KVLayout::kVLLM>(const DecodeParams&, cudaStream_t, const char*);
+template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 64, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 80, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 96, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 112, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 128, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 192, KVLayout::kVLLM>();
+template int paged_decode_tc_blocks_per_sm<__nv_bfloat16, __nv_bfloat16, 256, KVLayout::kVLLM>();
 
 }  // namespace decodegraph::kernels

@@ -5,19 +5,19 @@
 
 namespace decodegraph::kernels {
 
-template void enqueue_paged_decode_tc<__half, 64, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__half, 80, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__half, 96, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__half, 112, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__half, 128, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__half, 192, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
-template void enqueue_paged_decode_tc<__half, 256, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
-template int paged_decode_tc_blocks_per_sm<__half, 64, KVLayout::kNHD>();
-template int paged_decode_tc_blocks_per_sm<__half, 80, KVLayout::kNHD>();
-template int paged_decode_tc_blocks_per_sm<__half, 96, KVLayout::kNHD>();
-template int paged_decode_tc_blocks_per_sm<__half, 112, KVLayout::kNHD>();
-template int paged_decode_tc_blocks_per_sm<__half, 128, KVLayout::kNHD>();
-template int paged_decode_tc_blocks_per_sm<__half, 192, KVLayout::kNHD>();
-template int paged_decode_tc_blocks_per_sm<__half, 256, KVLayout::kNHD>();
+template void enqueue_paged_decode_tc<__half, __half, 64, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, __half, 80, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, __half, 96, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, __half, 112, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, __half, 128, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, __half, 192, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
+template void enqueue_paged_decode_tc<__half, __half, 256, KVLayout::kNHD>(const DecodeParams&, cudaStream_t, const char*);
+template int paged_decode_tc_blocks_per_sm<__half, __half, 64, KVLayout::kNHD>();
+template int paged_decode_tc_blocks_per_sm<__half, __half, 80, KVLayout::kNHD>();
+template int paged_decode_tc_blocks_per_sm<__half, __half, 96, KVLayout::kNHD>();
+template int paged_decode_tc_blocks_per_sm<__half, __half, 112, KVLayout::kNHD>();
+template int paged_decode_tc_blocks_per_sm<__half, __half, 128, KVLayout::kNHD>();
+template int paged_decode_tc_blocks_per_sm<__half, __half, 192, KVLayout::kNHD>();
+template int paged_decode_tc_blocks_per_sm<__half, __half, 256, KVLayout::kNHD>();
 
 }  // namespace decodegraph::kernels

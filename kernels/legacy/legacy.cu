@@ -52,7 +52,7 @@ void dispatch(DType dtype, F&& f) {
 }  // namespace
 
 bool supports(const AttentionSpec& spec) {
-  return (spec.dtype == DType::kBFloat16 || spec.dtype == DType::kFloat16) && spec.head_size == 128;
+  return (spec.dtype == DType::kBFloat16 || spec.dtype == DType::kFloat16) && spec.head_size == 128 && !spec.fp8_kv();
 }
 
 void paged_attention_v1(const DecodeArgs& args, Stream stream) {

@@ -25,6 +25,7 @@ from ._core import (
     DType,
     KernelKind,
     KernelPolicy,
+    KVCacheDType,
     KVLayout,
     PlanReason,
     ValidationLevel,
@@ -44,6 +45,7 @@ from ._types import (
     PlanCandidate,
     PlanPrediction,
     StepResult,
+    kv_numpy_dtype,
     numpy_dtype,
 )
 from . import fault
@@ -104,11 +106,12 @@ def plan_buckets(config: ExecutorConfig) -> List[BucketPlan]:
 __all__ = [
     "AttentionSpec", "BackendKind", "BandSelect", "BucketPlan", "CapturePolicy", "CudaError",
     "DType", "DeviceModel", "Error", "Executor", "ExecutorConfig", "ExecutorStats", "GraphStats",
-    "HostStaging", "InvalidArgument", "CorruptedStepReport", "KVLayout", "KernelKind", "KernelPolicy", "LayerBuffers",
+    "HostStaging", "InvalidArgument", "CorruptedStepReport", "KVCacheDType", "KVLayout", "KernelKind", "KernelPolicy",
+    "LayerBuffers",
     "MemoryReport", "OutOfMemory", "PlanCandidate", "PlanPrediction", "PlanReason", "StepBody", "StepContext",
     "StepResult", "SUPPORTED_BLOCK_SIZES", "SUPPORTED_HEAD_SIZES", "ValidationLevel",
     "__version__", "append_kv", "balanced_partition_size", "build_info", "built_with_cuda",
     "cuda_device_available", "default_band_edges", "default_batch_buckets", "fault",
-    "host_device_model", "numpy_dtype", "paged_attention_v1", "paged_attention_v2", "plan_buckets",
+    "host_device_model", "kv_numpy_dtype", "numpy_dtype", "paged_attention_v1", "paged_attention_v2", "plan_buckets",
     "v2_workspace_size",
 ]

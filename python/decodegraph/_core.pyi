@@ -12,6 +12,11 @@ class KVLayout(enum.Enum):
     VLLM = 0
     NHD = 1
 
+class KVCacheDType(enum.Enum):
+    AUTO = 0
+    FP8_E4M3 = 1
+    FP8_E5M2 = 2
+
 class KernelKind(enum.Enum):
     V1 = 0
     V2 = 1
@@ -77,11 +82,14 @@ def fault_fired(site: FaultSite) -> int: ...
 
 def paged_attention_v1(out: Any, q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any, *,
                        max_seq_len: int = 0, scale: float = 0.0, alibi_slopes: Any = None,
+                       k_scale: Any = None, v_scale: Any = None, kv_cache_dtype: str = "auto",
                        stream: Any = None) -> Any: ...
 def paged_attention_v2(out: Any, q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any, *,
                        partition_size: int, workspace: Any = None, max_seq_len: int = 0, scale: float = 0.0,
-                       alibi_slopes: Any = None, stream: Any = None) -> Any: ...
+                       alibi_slopes: Any = None, k_scale: Any = None, v_scale: Any = None,
+                       kv_cache_dtype: str = "auto", stream: Any = None) -> Any: ...
 def append_kv(key: Any, value: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, *,
+              k_scale: Any = None, v_scale: Any = None, kv_cache_dtype: str = "auto",
               stream: Any = None) -> None: ...
 def v2_workspace_size(spec: Any, num_seqs: int, max_seq_len: int, partition_size: int) -> int: ...
 

@@ -4,13 +4,17 @@ Host arrays (numpy, torch CPU tensors) run the host implementation, the GIL rele
 (torch CUDA tensors, cupy, anything with ``__dlpack__`` or ``__cuda_array_interface__``) run the CUDA
 kernels on ``stream``, asynchronously and capturable (nothing is allocated or read back). Every array
 of a call lives on one device. The spec comes from the shapes: the layout from ``k_cache``'s rank
-(5: vllm, 4: nhd), the dtype from ``q`` (fp16, bf16 or fp32; numpy bf16 is ``ml_dtypes.bfloat16``).
+(5: vllm, 4: nhd), the dtype from ``q`` (fp16, bf16 or fp32; numpy bf16 is ``ml_dtypes.bfloat16``),
+the cache dtype from ``k_cache``: the model dtype, or fp8 codes (numpy ``ml_dtypes.float8_e4m3fn`` /
+``float8_e5m2``, torch ``float8_e4m3fn`` / ``float8_e5m2``, or uint8 with ``kv_cache_dtype``
+``"fp8"`` / ``"fp8_e4m3"`` / ``"fp8_e5m2"``, vLLM's names). fp8 caches take float32 ``k_scale`` and
+``v_scale`` of shape [1] (the layer's) or [num_kv_heads]: K = code * k_scale, V = code * v_scale.
 
 Shapes:
     q, out          [num_seqs, num_q_heads, head_size]; rows may be strided (a multiple of 16 bytes
                     apart, e.g. q inside a fused QKV buffer), heads and elements packed
     k_cache         vllm: [num_blocks, num_kv_heads, head_size / x, block_size, x], x = 16 bytes /
-                    element size; nhd: [num_blocks, block_size, num_kv_heads, head_size]
+                    element size (16 for fp8); nhd: [num_blocks, block_size, num_kv_heads, head_size]
     v_cache         vllm: [num_blocks, num_kv_heads, head_size, block_size]; nhd: as k_cache
     block_tables    int32 [num_seqs, max_blocks_per_seq], contiguous
     seq_lens        int32 [num_seqs], each 0 .. max_seq_len; 0 leaves that row of out untouched
@@ -42,6 +46,9 @@ def paged_attention_v1(
     max_seq_len: int = 0,
     scale: float = 0.0,
     alibi_slopes: Optional[Array] = None,
+    k_scale: Optional[Array] = None,
+    v_scale: Optional[Array] = None,
+    kv_cache_dtype: str = "auto",
     stream: Any = None,
 ) -> Array:
     """Single-pass paged decode attention (V1): ``out = softmax(scale * q K^T + alibi) V`` per
@@ -56,6 +63,10 @@ def paged_attention_v1(
         max_seq_len: bound on every length (sizes the grid); 0 = block_tables.shape[1] * block_size.
         scale: softmax scale; 0 = 1/sqrt(head_size).
         alibi_slopes: float32 [num_q_heads], or None for no ALiBi (bias = slope * (pos - len + 1)).
+        k_scale, v_scale: fp8 caches only (required there): float32 [1] or [num_kv_heads], on the
+            arrays' device, read when the kernels run.
+        kv_cache_dtype: ``"auto"`` (the caches' own dtype), or ``"fp8"``, ``"fp8_e4m3"``,
+            ``"fp8_e5m2"`` for uint8 caches of raw codes.
         stream: CUDA arrays only: an int cudaStream_t, a torch.cuda.Stream, or None (the legacy
             default stream). The call returns once the work is enqueued.
 
@@ -67,7 +78,8 @@ def paged_attention_v1(
     """
     return _core.paged_attention_v1(
         out, q, k_cache, v_cache, block_tables, seq_lens,
-        max_seq_len=max_seq_len, scale=scale, alibi_slopes=alibi_slopes, stream=stream,
+        max_seq_len=max_seq_len, scale=scale, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
+        kv_cache_dtype=kv_cache_dtype, stream=stream,
     )
 
 
@@ -84,6 +96,9 @@ def paged_attention_v2(
     max_seq_len: int = 0,
     scale: float = 0.0,
     alibi_slopes: Optional[Array] = None,
+    k_scale: Optional[Array] = None,
+    v_scale: Optional[Array] = None,
+    kv_cache_dtype: str = "auto",
     stream: Any = None,
 ) -> Array:
     """Two-pass paged decode attention (V2): pass 1 writes fp32 partials per partition of
@@ -101,7 +116,8 @@ def paged_attention_v2(
     return _core.paged_attention_v2(
         out, q, k_cache, v_cache, block_tables, seq_lens,
         partition_size=partition_size, workspace=workspace, max_seq_len=max_seq_len,
-        scale=scale, alibi_slopes=alibi_slopes, stream=stream,
+        scale=scale, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
+        kv_cache_dtype=kv_cache_dtype, stream=stream,
     )
 
 
@@ -118,15 +134,23 @@ def append_kv(
     v_cache: Array,
     slot_mapping: Array,
     *,
+    k_scale: Optional[Array] = None,
+    v_scale: Optional[Array] = None,
+    kv_cache_dtype: str = "auto",
     stream: Any = None,
 ) -> None:
-    """Writes each token's new K/V into the paged caches (vLLM's reshape_and_cache).
+    """Writes each token's new K/V into the paged caches (vLLM's reshape_and_cache). fp8 caches
+    store the code of x / scale: round to nearest even, saturated to +-max (448 E4M3, 57344 E5M2;
+    +-inf too), NaN as 0x7f.
 
     Args:
-        key, value: [num_tokens, num_kv_heads, head_size] in the caches' dtype.
+        key, value: [num_tokens, num_kv_heads, head_size] in the caches' dtype (fp8 caches: fp16 or
+            bf16, the model dtype).
+        k_scale, v_scale, kv_cache_dtype: as :func:`paged_attention_v1`.
         k_cache, v_cache: written; the layout follows from k_cache's rank.
         slot_mapping: int64 [num_tokens]; slot = block_id * block_size + offset, negative = skip.
             Host arrays: a slot past the cache raises InvalidArgument (CUDA: it is skipped).
         stream: as :func:`paged_attention_v1`.
     """
-    _core.append_kv(key, value, k_cache, v_cache, slot_mapping, stream=stream)
+    _core.append_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale,
+                    kv_cache_dtype=kv_cache_dtype, stream=stream)

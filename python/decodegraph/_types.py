@@ -21,6 +21,7 @@ from ._core import (
     DType,
     KernelKind,
     KernelPolicy,
+    KVCacheDType,
     KVLayout,
     PlanReason,
     ValidationLevel,
@@ -34,6 +35,12 @@ _DTYPE_ALIASES = {
     "bf16": DType.BF16, "bfloat16": DType.BF16,
     "fp32": DType.FP32, "float32": DType.FP32, "float": DType.FP32,
 }
+# vLLM's kv_cache_dtype strings, and the numpy (ml_dtypes) / torch fp8 dtype names.
+_KV_ALIASES = {
+    "auto": KVCacheDType.AUTO,
+    "fp8": KVCacheDType.FP8_E4M3, "fp8_e4m3": KVCacheDType.FP8_E4M3, "float8_e4m3fn": KVCacheDType.FP8_E4M3,
+    "fp8_e5m2": KVCacheDType.FP8_E5M2, "float8_e5m2": KVCacheDType.FP8_E5M2,
+}
 
 
 def coerce_enum(cls: Type[E], value: Any, name: str) -> E:
@@ -44,13 +51,15 @@ def coerce_enum(cls: Type[E], value: Any, name: str) -> E:
     key = None
     if isinstance(value, str):
         key = value.strip().lower().replace("-", "_")
-    elif cls is DType and value is not None:
+    elif cls in (DType, KVCacheDType) and value is not None:
         # numpy dtypes and scalar types (np.float16, ml_dtypes.bfloat16), torch dtypes (torch.float16).
         text = getattr(value, "__name__", None) or str(value)
         key = text.rsplit(".", 1)[-1].lower()
     if key is not None:
         if cls is DType and key in _DTYPE_ALIASES:
             return _DTYPE_ALIASES[key]  # type: ignore[return-value]
+        if cls is KVCacheDType and key in _KV_ALIASES:
+            return _KV_ALIASES[key]  # type: ignore[return-value]
         for member in cls:
             if member.name.lower() == key:
                 return member
@@ -70,6 +79,19 @@ def numpy_dtype(dtype: DType | str) -> Any:
     return np.dtype(np.float16 if d is DType.FP16 else np.float32)
 
 
+def kv_numpy_dtype(spec: "AttentionSpec") -> Any:
+    """The numpy dtype of ``spec``'s KV caches: the model dtype's (:func:`numpy_dtype`) for
+    ``kv_dtype`` auto, ml_dtypes.float8_e4m3fn / float8_e5m2 for fp8 caches (numpy uint8 arrays
+    of the raw codes are accepted too)."""
+    import numpy as np
+
+    if spec.kv_dtype is KVCacheDType.AUTO:
+        return numpy_dtype(spec.dtype)
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.float8_e4m3fn if spec.kv_dtype is KVCacheDType.FP8_E4M3 else ml_dtypes.float8_e5m2)
+
+
 @dataclass
 class AttentionSpec:
     """The static shape of one attention layer (C++ ``AttentionSpec``).
@@ -79,6 +101,12 @@ class AttentionSpec:
     - ``vllm``: K ``[num_blocks, num_kv_heads, head_size / x, block_size, x]`` with
       x = 16 bytes / element size, V ``[num_blocks, num_kv_heads, head_size, block_size]``;
     - ``nhd``: K and V ``[num_blocks, block_size, num_kv_heads, head_size]``.
+
+    ``kv_dtype`` is the caches' element type, vLLM's ``kv_cache_dtype`` names: ``"auto"`` (the
+    model ``dtype``), ``"fp8"`` / ``"fp8_e4m3"`` (OCP E4M3FN) or ``"fp8_e5m2"``; fp8 caches need
+    ``dtype`` fp16 or bf16 and each layer's ``k_scale`` / ``v_scale`` (:class:`LayerBuffers`):
+    K = code * k_scale, V = code * v_scale, with one scale per layer, or one per KV head when
+    ``kv_scale_per_head``.
     """
 
     num_q_heads: int = 32
@@ -88,10 +116,14 @@ class AttentionSpec:
     dtype: DType = DType.BF16
     layout: KVLayout = KVLayout.VLLM
     scale: float = 0.0
+    kv_dtype: KVCacheDType = KVCacheDType.AUTO
+    kv_scale_per_head: bool = False
 
     def __post_init__(self) -> None:
         self.dtype = coerce_enum(DType, self.dtype, "spec.dtype")
         self.layout = coerce_enum(KVLayout, self.layout, "spec.layout")
+        self.kv_dtype = coerce_enum(KVCacheDType, self.kv_dtype, "spec.kv_dtype")
+        self.kv_scale_per_head = bool(self.kv_scale_per_head)
 
     @property
     def group_size(self) -> int:
@@ -104,9 +136,21 @@ class AttentionSpec:
         return self.scale if self.scale != 0 else 1.0 / math.sqrt(self.head_size)
 
     @property
+    def kv_elem_size(self) -> int:
+        """Bytes of one cache element: 1 for fp8 caches, else the model dtype's size."""
+        if self.kv_dtype is not KVCacheDType.AUTO:
+            return 1
+        return 2 if self.dtype in (DType.FP16, DType.BF16) else 4
+
+    @property
+    def kv_scale_count(self) -> int:
+        """float32 values behind each of an fp8 layer's k_scale and v_scale: num_kv_heads or 1."""
+        return self.num_kv_heads if self.kv_scale_per_head else 1
+
+    @property
     def x(self) -> int:
-        """Elements per 16 bytes: the innermost extent of a vllm-layout K cache."""
-        return 16 // (2 if self.dtype in (DType.FP16, DType.BF16) else 4)
+        """Cache elements per 16 bytes: the innermost extent of a vllm-layout K cache (16 for fp8)."""
+        return 16 // self.kv_elem_size
 
     def k_cache_shape(self, num_blocks: int) -> Tuple[int, ...]:
         """Shape of one layer's K cache of ``num_blocks`` blocks in this layout."""
@@ -150,6 +194,11 @@ class LayerBuffers:
       apart); heads and elements packed. ``None``: the executor owns the buffer
       (``Executor.query(l)`` & co. return it).
 
+    - ``k_scale``, ``v_scale``: fp8 caches only (required there): float32
+      ``[spec.kv_scale_count]`` on the backend's memory (numpy on the host backend). The graphs read
+      them at every replay: writing new values into these arrays changes the next step's output,
+      with no recapture.
+
     The executor keeps every array given here alive, at a fixed address, until it is destroyed or
     ``rebind_layers`` replaces them.
     """
@@ -160,6 +209,8 @@ class LayerBuffers:
     out: Any = None
     new_key: Any = None
     new_value: Any = None
+    k_scale: Any = None
+    v_scale: Any = None
 
 
 @dataclass

@@ -25,6 +25,8 @@ dg::AttentionSpec spec_from_py(nb::handle o) {
   s.dtype = get<dg::DType>(o, "dtype");
   s.layout = get<dg::KVLayout>(o, "layout");
   s.scale = get<float>(o, "scale");
+  s.kv_dtype = get<dg::KVCacheDType>(o, "kv_dtype");
+  s.kv_scale_per_head = get<bool>(o, "kv_scale_per_head");
   return s;
 }
 

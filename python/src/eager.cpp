@@ -1,11 +1,15 @@
 // The eager calls: paged_attention_v1, paged_attention_v2, append_kv, v2_workspace_size. The spec
-// comes from the arrays' shapes (the layout from k_cache's rank: 5 = vllm, 4 = nhd). Host arrays
+// comes from the arrays' shapes (the layout from k_cache's rank: 5 = vllm, 4 = nhd), the model dtype
+// from q (key), the cache dtype from k_cache (fp8 arrays) or kv_cache_dtype (uint8 codes). Host arrays
 // run the host implementation (host::), with the GIL released; CUDA arrays run the CUDA launchers
 // on `stream` (capturable: nothing is allocated or read back).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdlib>
 #include <memory>
+#include <string>
+#include <tuple>
 
 #include "convert.hpp"
 #include "decodegraph/attention.hpp"
@@ -61,11 +65,53 @@ dg::DType dtype_of(const Tensor& t) {
   }
 }
 
+// The cache dtype: k_cache's own (an fp8 array), else `given` (kv_cache_dtype, vLLM's names), which
+// a uint8 array of raw codes needs.
+dg::KVCacheDType kv_of(const Tensor& k, const std::string& given) {
+  const dg::KVCacheDType named = dg::parse_kv_cache_dtype(given);
+  const dg::KVCacheDType own = k.elem == Elem::kFp8E4M3   ? dg::KVCacheDType::kFp8E4M3
+                               : k.elem == Elem::kFp8E5M2 ? dg::KVCacheDType::kFp8E5M2
+                                                          : dg::KVCacheDType::kAuto;
+  if (own != dg::KVCacheDType::kAuto) {
+    if (named != dg::KVCacheDType::kAuto && named != own)
+      throw_invalid("kv_cache_dtype", "\"" + given + "\"",
+                    std::string("\"auto\" or \"") + dg::to_string(own) + "\" for " + k.name + " of dtype " + k.dtype_text);
+    return own;
+  }
+  if (k.elem == Elem::kUInt8 && named == dg::KVCacheDType::kAuto)
+    throw_invalid(k.name + ".dtype", k.dtype_text,
+                  "the model dtype, an fp8 dtype, or uint8 codes with kv_cache_dtype=\"fp8_e4m3\" or \"fp8_e5m2\"");
+  return named;
+}
+
+// fp8 caches: float32 [1] (the layer's) or [num_kv_heads] (per KV head) scales, on ref's device;
+// they set s.kv_scale_per_head. Nothing for kv_dtype auto (given scales are ignored there, as in C++).
+void import_scales(nb::handle k_scale, nb::handle v_scale, dg::AttentionSpec& s, const Tensor& ref, Tensor& ks,
+                   Tensor& vs) {
+  if (!s.fp8_kv()) return;
+  const std::string allowed = "float32 [1] or [num_kv_heads] = [" + std::to_string(s.num_kv_heads) +
+                              "] (required with kv_cache_dtype " + dg::to_string(s.kv_dtype) + ")";
+  int64_t count = -1;
+  for (auto [obj, t, name] : {std::tuple{k_scale, &ks, "k_scale"}, std::tuple{v_scale, &vs, "v_scale"}}) {
+    if (obj.is_none()) throw_invalid(name, "None", allowed);
+    *t = import_tensor(obj, name, false);
+    require_elem(*t, Elem::kFp32, "");
+    require_same_where(*t, ref);
+    if (t->ndim() != 1 || (t->shape[0] != 1 && t->shape[0] != s.num_kv_heads))
+      throw_invalid(std::string(name) + ".shape", t->shape_text(), allowed);
+    require_contiguous(*t);
+    if (count >= 0 && t->shape[0] != count)
+      throw_invalid("v_scale.shape", t->shape_text(), "k_scale's shape " + ks.shape_text());
+    count = t->shape[0];
+  }
+  s.kv_scale_per_head = count > 1;
+}
+
 // Both caches: the spec's shape, its dtype, on the reference array's device, contiguous.
 void check_caches(const Tensor& k, const Tensor& v, const dg::AttentionSpec& s, const Tensor& ref) {
   const std::string why = ", as " + ref.name;
   for (const Tensor* t : {&k, &v}) {
-    require_elem(*t, elem_of(s.dtype), why);
+    require_cache_elem(*t, s, why);
     require_same_where(*t, ref);
     require_shape(*t, cache_shape(s, k.shape[0], t == &k), cache_shape_text(s, t == &k));
     require_contiguous(*t);
@@ -84,12 +130,13 @@ void check_index(const Tensor& t, Elem elem, const std::vector<int64_t>& shape, 
 struct DecodeCall {
   dg::DecodeArgs args;
   Where where = Where::kHost;
-  Tensor out, q, k, v, tables, lens, alibi;
+  Tensor out, q, k, v, tables, lens, alibi, k_scale, v_scale;
 };
 
 std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle k_cache, nb::handle v_cache,
                                         nb::handle block_tables, nb::handle seq_lens, int max_seq_len,
-                                        float scale, nb::handle alibi_slopes) {
+                                        float scale, nb::handle alibi_slopes, nb::handle k_scale,
+                                        nb::handle v_scale, const std::string& kv_cache_dtype) {
   auto c = std::make_unique<DecodeCall>();
   c->q = import_tensor(q, "q", false);
   c->out = import_tensor(out, "out", true);
@@ -106,7 +153,9 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
   dg::AttentionSpec s = spec_from_cache(c->k, dtype, static_cast<int>(c->q.shape[1]),
                                         static_cast<int>(c->q.shape[2]));
   s.scale = scale;
+  s.kv_dtype = kv_of(c->k, kv_cache_dtype);
   validate_inferred(s, c->q, c->k);
+  import_scales(k_scale, v_scale, s, c->q, c->k_scale, c->v_scale);
   c->where = c->q.where;
   if (c->where == Where::kCuda) require_where(c->q, Where::kCuda, current_cuda_device(), " (the current device)");
   check_caches(c->k, c->v, s, c->q);
@@ -133,6 +182,10 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
   a.v_cache = c->v.data;
   a.block_tables = static_cast<const int32_t*>(c->tables.data);
   a.seq_lens = static_cast<const int32_t*>(c->lens.data);
+  if (s.fp8_kv()) {
+    a.k_scale = static_cast<const float*>(c->k_scale.data);
+    a.v_scale = static_cast<const float*>(c->v_scale.data);
+  }
   if (!alibi_slopes.is_none()) {
     c->alibi = import_tensor(alibi_slopes, "alibi_slopes", false);
     check_index(c->alibi, Elem::kFp32, {s.num_q_heads}, "[num_q_heads] = [" + std::to_string(s.num_q_heads) + "]", c->q);
@@ -147,8 +200,10 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
 
 nb::object paged_attention_v1(nb::handle out, nb::handle q, nb::handle k_cache, nb::handle v_cache,
                               nb::handle block_tables, nb::handle seq_lens, int max_seq_len, float scale,
-                              nb::handle alibi_slopes, nb::handle stream) {
-  auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes);
+                              nb::handle alibi_slopes, nb::handle k_scale, nb::handle v_scale,
+                              const std::string& kv_cache_dtype, nb::handle stream) {
+  auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes, k_scale,
+                       v_scale, kv_cache_dtype);
   const dg::Stream s = stream_from_py(stream);
   {
     nb::gil_scoped_release nogil;
@@ -161,8 +216,10 @@ nb::object paged_attention_v1(nb::handle out, nb::handle q, nb::handle k_cache, 
 nb::object paged_attention_v2(nb::handle out, nb::handle q, nb::handle k_cache, nb::handle v_cache,
                               nb::handle block_tables, nb::handle seq_lens, int partition_size,
                               nb::handle workspace, int max_seq_len, float scale, nb::handle alibi_slopes,
+                              nb::handle k_scale, nb::handle v_scale, const std::string& kv_cache_dtype,
                               nb::handle stream) {
-  auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes);
+  auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes, k_scale,
+                       v_scale, kv_cache_dtype);
   const dg::DecodeArgs& a = c->args;
   dg::validate_partition_size(a.spec, partition_size);
   const std::size_t need = dg::v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, partition_size);
@@ -197,19 +254,24 @@ nb::object paged_attention_v2(nb::handle out, nb::handle q, nb::handle k_cache, 
 }
 
 void append_kv(nb::handle key, nb::handle value, nb::handle k_cache, nb::handle v_cache, nb::handle slot_mapping,
-               nb::handle stream) {
+               nb::handle k_scale, nb::handle v_scale, const std::string& kv_cache_dtype, nb::handle stream) {
   Tensor kt = import_tensor(key, "key", false);
   Tensor vt = import_tensor(value, "value", false);
   Tensor kc = import_tensor(k_cache, "k_cache", true);
   Tensor vc = import_tensor(v_cache, "v_cache", true);
   Tensor sm = import_tensor(slot_mapping, "slot_mapping", false);
-  const dg::DType dtype = dtype_of(kc);
-  const dg::AttentionSpec s = spec_from_cache(kc, dtype, 0, 0);
+  const dg::KVCacheDType kv = kv_of(kc, kv_cache_dtype);
+  // The model dtype: the cache's for kv_dtype auto, key's for fp8 caches (which quantise).
+  const dg::DType dtype = kv == dg::KVCacheDType::kAuto ? dtype_of(kc) : dtype_of(kt);
+  dg::AttentionSpec s = spec_from_cache(kc, dtype, 0, 0);
+  s.kv_dtype = kv;
   validate_inferred(s, kt, kc);
+  Tensor ks, vs;
+  import_scales(k_scale, v_scale, s, kc, ks, vs);
   if (kc.where == Where::kCuda) require_where(kc, Where::kCuda, current_cuda_device(), " (the current device)");
   check_caches(kc, vc, s, kc);
   for (Tensor* t : {&kt, &vt}) {
-    require_elem(*t, elem_of(dtype), ", as k_cache");
+    require_elem(*t, elem_of(dtype), kv == dg::KVCacheDType::kAuto ? ", as k_cache" : " (the model dtype)");
     require_same_where(*t, kc);
   }
   const RowArray kr = require_rows(kt, s.num_kv_heads, s.head_size, "num_tokens");
@@ -228,6 +290,10 @@ void append_kv(nb::handle key, nb::handle value, nb::handle k_cache, nb::handle 
   a.k_cache = kc.data;
   a.v_cache = vc.data;
   a.slot_mapping = static_cast<const int64_t*>(sm.data);
+  if (s.fp8_kv()) {
+    a.k_scale = static_cast<const float*>(ks.data);
+    a.v_scale = static_cast<const float*>(vs.data);
+  }
   if (kc.where == Where::kHost) a.host_slot_mapping = a.slot_mapping;
   const dg::Stream st = stream_from_py(stream);
   nb::gil_scoped_release nogil;
@@ -242,13 +308,16 @@ void bind_eager(nb::module_& m) {
   // .none(): None reaches import_tensor, which names the argument, instead of nanobind's TypeError.
   m.def("paged_attention_v1", &paged_attention_v1, "out"_a.none(), "q"_a.none(), "k_cache"_a.none(),
         "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "max_seq_len"_a = 0,
-        "scale"_a = 0.0f, "alibi_slopes"_a.none() = nb::none(), "stream"_a.none() = nb::none());
+        "scale"_a = 0.0f, "alibi_slopes"_a.none() = nb::none(), "k_scale"_a.none() = nb::none(),
+        "v_scale"_a.none() = nb::none(), "kv_cache_dtype"_a = "auto", "stream"_a.none() = nb::none());
   m.def("paged_attention_v2", &paged_attention_v2, "out"_a.none(), "q"_a.none(), "k_cache"_a.none(),
         "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "partition_size"_a,
         "workspace"_a.none() = nb::none(), "max_seq_len"_a = 0, "scale"_a = 0.0f,
-        "alibi_slopes"_a.none() = nb::none(), "stream"_a.none() = nb::none());
+        "alibi_slopes"_a.none() = nb::none(), "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(),
+        "kv_cache_dtype"_a = "auto", "stream"_a.none() = nb::none());
   m.def("append_kv", &append_kv, "key"_a.none(), "value"_a.none(), "k_cache"_a.none(), "v_cache"_a.none(),
-        "slot_mapping"_a.none(), nb::kw_only(), "stream"_a.none() = nb::none());
+        "slot_mapping"_a.none(), nb::kw_only(), "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(),
+        "kv_cache_dtype"_a = "auto", "stream"_a.none() = nb::none());
   m.def(
       "v2_workspace_size",
       [](nb::handle spec, int num_seqs, int max_seq_len, int partition_size) {

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "convert.hpp"
 #include "decodegraph/error.hpp"
@@ -50,6 +51,7 @@ struct PyCallable {
 // return for caller-owned buffers.
 struct LayerKeep {
   Tensor k_cache, v_cache;
+  std::optional<Tensor> k_scale, v_scale;  // fp8 caches
   std::optional<Tensor> q, out, new_key, new_value;
   nb::object q_obj, out_obj, new_key_obj, new_value_obj;
 };
@@ -292,7 +294,7 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
     k.v_cache = import_tensor(layer.attr("v_cache"), pre + "v_cache", true);
     for (Tensor* t : {&k.k_cache, &k.v_cache}) {
       const bool key = t == &k.k_cache;
-      require_elem(*t, elem_of(s.dtype), dtype_why);
+      require_cache_elem(*t, s, s.fp8_kv() ? " (spec.kv_dtype)" : dtype_why);
       require_where(*t, where_, device_id_, why);
       auto shape = cache_shape(s, -1, key);
       require_shape(*t, shape, cache_shape_text(s, key));
@@ -304,6 +306,23 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
     lb.v_cache = k.v_cache.data;
     lb.k_cache_bytes = k.k_cache.nbytes();
     lb.v_cache_bytes = k.v_cache.nbytes();
+    // fp8 caches: float32 [spec.kv_scale_count()] scales the graphs read at every replay (None is
+    // left for the library to reject, naming the layer).
+    if (s.fp8_kv()) {
+      const std::string shape_words = "[" + std::to_string(s.kv_scale_count()) + "] float32 (spec.kv_scale_count())";
+      for (auto [field, slot, ptr] : {std::tuple{"k_scale", &k.k_scale, &lb.k_scale},
+                                      std::tuple{"v_scale", &k.v_scale, &lb.v_scale}}) {
+        nb::object o = layer.attr(field);
+        if (o.is_none()) continue;
+        Tensor t = import_tensor(o, pre + field, false);
+        require_elem(t, Elem::kFp32, "");
+        require_where(t, where_, device_id_, why);
+        require_shape(t, {s.kv_scale_count()}, shape_words);
+        require_contiguous(t);
+        *ptr = static_cast<const float*>(t.data);
+        *slot = std::move(t);
+      }
+    }
 
     // Optional row buffers: [rows >= max_batch, heads, head_size] (or 2-D), rows may be strided.
     auto rows = [&](const char* field, bool writable, int heads, std::optional<Tensor>& slot, nb::object& obj,

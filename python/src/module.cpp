@@ -25,6 +25,10 @@ void bind_enums(nb::module_& m) {
       .value("BF16", dg::DType::kBFloat16)
       .value("FP32", dg::DType::kFloat32);
   nb::enum_<dg::KVLayout>(m, "KVLayout").value("VLLM", dg::KVLayout::kVLLM).value("NHD", dg::KVLayout::kNHD);
+  nb::enum_<dg::KVCacheDType>(m, "KVCacheDType")
+      .value("AUTO", dg::KVCacheDType::kAuto)
+      .value("FP8_E4M3", dg::KVCacheDType::kFp8E4M3)
+      .value("FP8_E5M2", dg::KVCacheDType::kFp8E5M2);
   nb::enum_<dg::KernelKind>(m, "KernelKind").value("V1", dg::KernelKind::kV1).value("V2", dg::KernelKind::kV2);
   nb::enum_<dg::BackendKind>(m, "BackendKind")
       .value("AUTO", dg::BackendKind::kAuto)

@@ -46,8 +46,12 @@ Elem elem_of_dl(dl::dtype d) {
     case dl::dtype_code::Int:
       return d.bits == 32 ? Elem::kInt32 : d.bits == 64 ? Elem::kInt64 : Elem::kOther;
     case dl::dtype_code::UInt: return d.bits == 8 ? Elem::kUInt8 : Elem::kOther;
-    default: return Elem::kOther;
+    default: break;
   }
+  // DLPack 1.0's fp8 codes (dlpack.h: kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12).
+  if (d.bits == 8 && d.code == 10) return Elem::kFp8E4M3;
+  if (d.bits == 8 && d.code == 12) return Elem::kFp8E5M2;
+  return Elem::kOther;
 }
 
 dl::dtype dl_of(Elem e) {
@@ -58,6 +62,8 @@ dl::dtype dl_of(Elem e) {
     case Elem::kInt32: return {(uint8_t)dl::dtype_code::Int, 32, 1};
     case Elem::kInt64: return {(uint8_t)dl::dtype_code::Int, 64, 1};
     case Elem::kUInt8: return {(uint8_t)dl::dtype_code::UInt, 8, 1};
+    case Elem::kFp8E4M3: return {10, 8, 1};
+    case Elem::kFp8E5M2: return {12, 8, 1};
     case Elem::kOther: break;
   }
   return {};
@@ -67,13 +73,18 @@ std::string where_text(Where w, int device_id) {
   return w == Where::kHost ? "host" : "cuda:" + std::to_string(device_id);
 }
 
-// numpy cannot export ml_dtypes' bfloat16 through DLPack or a standard buffer format: such an
-// array is imported through a uint16 view of the same memory.
-bool is_numpy_bf16(nb::handle obj) {
-  if (std::strcmp(Py_TYPE(obj.ptr())->tp_name, "numpy.ndarray") != 0) return false;
+// numpy cannot export ml_dtypes' bfloat16 and float8 types through DLPack or a standard buffer
+// format: such an array is imported through a uint16 / uint8 view of the same memory. Returns the
+// element it holds (kOther: not one of them).
+Elem numpy_ml_dtype(nb::handle obj) {
+  if (std::strcmp(Py_TYPE(obj.ptr())->tp_name, "numpy.ndarray") != 0) return Elem::kOther;
   nb::object dtype = obj.attr("dtype");
-  return nb::cast<std::string>(dtype.attr("name")) == "bfloat16" &&
-         nb::cast<int>(dtype.attr("itemsize")) == 2;
+  const std::string name = nb::cast<std::string>(dtype.attr("name"));
+  const int size = nb::cast<int>(dtype.attr("itemsize"));
+  if (name == "bfloat16" && size == 2) return Elem::kBf16;
+  if (name == "float8_e4m3fn" && size == 1) return Elem::kFp8E4M3;
+  if (name == "float8_e5m2" && size == 1) return Elem::kFp8E5M2;
+  return Elem::kOther;
 }
 
 template <typename Array>
@@ -152,6 +163,8 @@ const char* elem_name(Elem e) {
     case Elem::kInt32: return "int32";
     case Elem::kInt64: return "int64";
     case Elem::kUInt8: return "uint8";
+    case Elem::kFp8E4M3: return "float8_e4m3fn";
+    case Elem::kFp8E5M2: return "float8_e5m2";
     case Elem::kOther: break;
   }
   return "other";
@@ -162,6 +175,15 @@ Elem elem_of(dg::DType dtype) {
     case dg::DType::kFloat16: return Elem::kFp16;
     case dg::DType::kBFloat16: return Elem::kBf16;
     case dg::DType::kFloat32: return Elem::kFp32;
+  }
+  return Elem::kOther;
+}
+
+Elem elem_of(dg::KVCacheDType kv) {
+  switch (kv) {
+    case dg::KVCacheDType::kFp8E4M3: return Elem::kFp8E4M3;
+    case dg::KVCacheDType::kFp8E5M2: return Elem::kFp8E5M2;
+    case dg::KVCacheDType::kAuto: break;
   }
   return Elem::kOther;
 }
@@ -177,7 +199,7 @@ std::size_t Tensor::itemsize() const {
     case Elem::kFp16: case Elem::kBf16: return 2;
     case Elem::kFp32: case Elem::kInt32: return 4;
     case Elem::kInt64: return 8;
-    case Elem::kUInt8: return 1;
+    case Elem::kUInt8: case Elem::kFp8E4M3: case Elem::kFp8E5M2: return 1;
     case Elem::kOther: break;
   }
   return 1;
@@ -196,17 +218,17 @@ Tensor import_tensor(nb::handle obj, std::string name, bool writable) {
     throw_invalid(t.name, "None", "an array (numpy, torch, or any object with __dlpack__, "
                                   "__cuda_array_interface__ or the buffer protocol)");
   nb::handle src = obj;
-  nb::object bf16_view;
-  const bool bf16 = is_numpy_bf16(obj);
-  if (bf16) {
-    bf16_view = obj.attr("view")("uint16");
-    src = bf16_view;
+  nb::object raw_view;
+  const Elem ml = numpy_ml_dtype(obj);
+  if (ml != Elem::kOther) {
+    raw_view = obj.attr("view")(ml == Elem::kBf16 ? "uint16" : "uint8");
+    src = raw_view;
   }
   if (writable ? nb::try_cast(src, t.keep_rw, false) : nb::try_cast(src, t.keep_ro, false)) {
     if (writable) fill_from(t, t.keep_rw); else fill_from(t, t.keep_ro);
-    if (bf16) {
-      t.elem = Elem::kBf16;
-      t.dtype_text = "bfloat16";
+    if (ml != Elem::kOther) {
+      t.elem = ml;
+      t.dtype_text = elem_name(ml);
     }
     return t;
   }
@@ -232,6 +254,14 @@ Tensor import_tensor(nb::handle obj, std::string name, bool writable) {
 
 void require_elem(const Tensor& t, Elem want, const std::string& why) {
   if (t.elem != want) throw_invalid(t.name + ".dtype", t.dtype_text, std::string(elem_name(want)) + why);
+}
+
+void require_cache_elem(const Tensor& t, const dg::AttentionSpec& s, const std::string& why) {
+  if (!s.fp8_kv()) return require_elem(t, elem_of(s.dtype), why);
+  const Elem want = elem_of(s.kv_dtype);
+  if (t.elem != want && t.elem != Elem::kUInt8)
+    throw_invalid(t.name + ".dtype", t.dtype_text,
+                  std::string(elem_name(want)) + " or uint8 (raw codes) for kv_dtype " + dg::to_string(s.kv_dtype) + why);
 }
 
 void require_where(const Tensor& t, Where want, int device_id, const std::string& why) {
@@ -298,7 +328,7 @@ RowArray require_rows(const Tensor& t, int64_t heads, int64_t head_size, const s
 
 std::vector<int64_t> cache_shape(const dg::AttentionSpec& s, int64_t num_blocks, bool key) {
   if (s.layout == dg::KVLayout::kNHD) return {num_blocks, s.block_size, s.num_kv_heads, s.head_size};
-  const int64_t x = 16 / static_cast<int64_t>(dg::dtype_size(s.dtype));
+  const int64_t x = 16 / static_cast<int64_t>(s.kv_elem_size());
   if (key) return {num_blocks, s.num_kv_heads, s.head_size / x, s.block_size, x};
   return {num_blocks, s.num_kv_heads, s.head_size, s.block_size};
 }

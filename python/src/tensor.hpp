@@ -1,7 +1,7 @@
 // Arrays in and out of the binding. Every array argument comes in as a Python object and goes through
 // import_tensor(), which accepts DLPack (__dlpack__: numpy, torch, cupy, jax), the CUDA array
-// interface and the buffer protocol, plus numpy arrays of ml_dtypes.bfloat16 (which numpy cannot
-// export through DLPack). The checks below name the argument, its value and what is allowed, in the
+// interface and the buffer protocol, plus numpy arrays of ml_dtypes.bfloat16, float8_e4m3fn and
+// float8_e5m2 (which numpy cannot export through DLPack). The checks below name the argument, its value and what is allowed, in the
 // library's own InvalidArgument format, so a bad array reads like any other bad input.
 //
 // A Tensor keeps what it was imported from alive: hold the Tensor for as long as its memory is used.
@@ -24,11 +24,14 @@ namespace dg = decodegraph;
 /// Where an array's memory lives, as far as the library cares.
 enum class Where { kHost, kCuda };
 
-/// Element types the binding deals in: the attention dtypes plus the index and byte types.
-enum class Elem { kFp16, kBf16, kFp32, kInt32, kInt64, kUInt8, kOther };
+/// Element types the binding deals in: the attention dtypes, the fp8 cache codes, plus the index
+/// and byte types.
+enum class Elem { kFp16, kBf16, kFp32, kInt32, kInt64, kUInt8, kFp8E4M3, kFp8E5M2, kOther };
 
 const char* elem_name(Elem e);
 Elem elem_of(dg::DType dtype);
+/// The fp8 element of a cache type (kOther for kAuto).
+Elem elem_of(dg::KVCacheDType kv);
 
 /// One imported array: a borrowed view of the caller's memory.
 struct Tensor {
@@ -60,6 +63,9 @@ Tensor import_tensor(nb::handle obj, std::string name, bool writable);
 // ---------------------------------------------------------------- checks (all throw InvalidArgument)
 
 void require_elem(const Tensor& t, Elem want, const std::string& why);
+/// A KV cache of `spec`: the model dtype for kv_dtype auto; for fp8 caches the matching fp8 element
+/// type or uint8 (raw codes, as vLLM stores them).
+void require_cache_elem(const Tensor& t, const dg::AttentionSpec& spec, const std::string& why);
 /// Host memory (CPU or pinned) or CUDA device memory (device or managed) on `device_id`.
 void require_where(const Tensor& t, Where want, int device_id, const std::string& why);
 void require_same_where(const Tensor& t, const Tensor& ref);

@@ -12,6 +12,7 @@
 // lines; a launcher that throws prints "error ..." and the probe exits 1.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -50,6 +51,8 @@ constexpr const char* dtype_name() {
   if constexpr (std::is_same_v<T, __half>) return "fp16";
   if constexpr (std::is_same_v<T, __nv_bfloat16>) return "bf16";
   if constexpr (std::is_same_v<T, float>) return "fp32";
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) return "fp8e4m3";
+  if constexpr (std::is_same_v<T, __nv_fp8_e5m2>) return "fp8e5m2";
   return "unknown";
 }
 
@@ -90,18 +93,22 @@ std::vector<int> g_groups;
 // ---------------------------------------------------------------- pass 1 (V1 and V2)
 // Hints (per launch, from the policy, kernels/decode_policy.hpp):
 //   tile_tokens   tokens one main-loop iteration stages (Pass1Policy::kTileTokens; the tensor-core
-//                 math's TcPass1Policy has the same tiles)
-//   kv_tile_bytes K + V bytes of those tokens
+//                 math's TcPass1Policy has the same tiles; fp8 caches: Pass1Policy<1, D>)
+//   kv_tile_bytes K + V bytes of those tokens (one byte a value for fp8 caches)
 //   row_tokens    tokens per row per tile (Pass1Policy::kRowTokens): the trip count of per-token
 //                 loops, should the compiler leave one rolled
 // launch_paged_decode picks the math by the group (pass1_uses_tensor_cores): groups >= 4 of fp16 /
-// bf16 launch the tensor-core kernel, so the default groups 1,4,8 reach both maths.
+// bf16 launch the tensor-core kernel, so the default groups 1,4,8 reach both maths; fp8 caches
+// (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, T = __half) launch the tensor-core kernel at every group,
+// reported under the cache's name (dtype=fp8e4m3), with a bf16 model (io_bf16; the main loop is the
+// same for fp16).
 // The layout is a template parameter; every block size is launched, so a kernel that also took it
 // as a template parameter would show each variant. kernel_report.py drops repeated (kernel, group)
 // launches.
-template <typename T, int D, KVLayout kLayout>
+template <typename T, typename KV, int D, KVLayout kLayout>
 void probe_pass1() {
-  using Pol = Pass1Policy<sizeof(T), D>;
+  using Pol = Pass1Policy<sizeof(KV), D>;
+  constexpr bool kFp8 = sizeof(KV) == 1;
   for (const int group : g_groups)
   for (const int block_size : {8, 16, 32}) {
     for (const bool v2 : {false, true}) {
@@ -123,6 +130,11 @@ void probe_pass1() {
       p.partition_size = v2 ? 512 : p.max_seq_len;
       p.max_partitions = v2 ? p.max_seq_len / 512 : 1;
       p.write_partials = v2;
+      if (kFp8) {
+        p.k_scale = fake_ptr<const float*>(9);
+        p.v_scale = fake_ptr<const float*>(10);
+        p.io_bf16 = true;
+      }
       if (v2) {
         p.max_logits = fake_ptr<float*>(6);
         p.exp_sums = fake_ptr<float*>(7);
@@ -130,12 +142,12 @@ void probe_pass1() {
       }
       g_on_launch = [&](const FakeLaunch& l) {
         print_launch("pass1", l,
-                     std::string("dtype=") + dtype_name<T>() + " head_size=" + std::to_string(D) +
+                     std::string("dtype=") + dtype_name<KV>() + " head_size=" + std::to_string(D) +
                          " group=" + std::to_string(group) + " tile_tokens=" + std::to_string(Pol::kTileTokens) +
-                         " kv_tile_bytes=" + std::to_string(2 * Pol::kTileTokens * D * sizeof(T)) +
+                         " kv_tile_bytes=" + std::to_string(2 * Pol::kTileTokens * D * sizeof(KV)) +
                          " row_tokens=" + std::to_string(Pol::kRowTokens));
       };
-      expect_one_launch("launch_paged_decode", [&] { launch_paged_decode<T, D, kLayout>(p, nullptr); });
+      expect_one_launch("launch_paged_decode", [&] { launch_paged_decode<T, KV, D, kLayout>(p, nullptr); });
     }
   }
 }
@@ -163,7 +175,7 @@ void probe_merge() {
 }
 
 // ---------------------------------------------------------------- KV append
-template <typename T>
+template <typename T, typename KV>
 void probe_append() {
   AppendParams p;
   p.key = fake_ptr<const void*>(0);
@@ -175,10 +187,14 @@ void probe_append() {
   p.num_kv_heads = 8;
   p.head_size = 128;
   p.block_size = 16;
+  if (sizeof(KV) == 1) {
+    p.k_scale = fake_ptr<const float*>(5);
+    p.v_scale = fake_ptr<const float*>(6);
+  }
   g_on_launch = [&](const FakeLaunch& l) {
-    print_launch("append", l, std::string("dtype=") + dtype_name<T>() + " head_size=128");
+    print_launch("append", l, std::string("dtype=") + dtype_name<T>() + (sizeof(KV) == 1 ? std::string("->") + dtype_name<KV>() : "") + " head_size=128");
   };
-  expect_one_launch("launch_append_kv", [&] { launch_append_kv<T>(p, nullptr); });
+  expect_one_launch("launch_append_kv", [&] { launch_append_kv<T, KV>(p, nullptr); });
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
   must fail on both.
 
 Every expected value below follows from the fixtures' design constants (kStages = 3, 128 threads,
-kTile = 64 tokens for 2-byte head-128 K/V, kScratch = 1024), not from the report's code.
+kTile = 64 tokens of head-128 K/V, 2-byte or (fp8 caches) 1-byte elements, kScratch = 1024), not from
+the report's code.
 Usage: selftest.py BUILD_DIR (run by scripts/ci-static.sh). Exit 0 when every check holds.
 """
 import json
@@ -55,13 +56,16 @@ def main() -> int:
         print(text)
         failures.append(f"the report exited {rc} on selftest/ (guard expected to pass)")
 
-    tile_bytes = 2 * 64 * 128 * 2  # K + V of one 64-token tile, head 128, 2-byte elements
-    smem = 3 * tile_bytes + 1024 * 16  # three stages + scratch
     names = sorted(r["kernel"] for r in rows)
-    check("kernels", names, sorted(f"MockPipelinedKernel<{d}, 128, (KVLayout){l}>" for d in ("bf16", "fp16")
-                                   for l in (0, 1)))
+    check("kernels", names, sorted([f"MockPipelinedKernel<{d}, 128, (KVLayout){l}>" for d in ("bf16", "fp16")
+                                    for l in (0, 1)] + ["MockPipelinedKernel<fp8e4m3, 128, (KVLayout)0>",
+                                                        "MockPipelinedKernel<fp8e5m2, 128, (KVLayout)1>"]))
+    check("dtypes", sorted(r["dtype"] for r in rows), sorted(["bf16", "bf16", "fp16", "fp16", "fp8e4m3", "fp8e5m2"]))
     for r in rows:
         k = r["kernel"]
+        elem = 1 if r["dtype"].startswith("fp8") else 2
+        tile_bytes = 2 * 64 * 128 * elem  # K + V of one 64-token tile, head 128
+        smem = 3 * tile_bytes + 1024 * 16  # three stages + scratch
         check(f"{k} group", r["group"], 4)
         check(f"{k} smem_dynamic", r["smem_dynamic"], smem)
         check(f"{k} smem_static", r["smem_static"], 0)

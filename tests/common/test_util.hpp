@@ -17,6 +17,7 @@
 #include "decodegraph/error.hpp"
 #include "decodegraph/numeric.hpp"
 #include "decodegraph/types.hpp"
+#include "kernels/fp8_fields.hpp"
 
 namespace dgtest {
 
@@ -52,6 +53,10 @@ struct Buffer {
 inline Buffer make_buffer(DType dtype, std::size_t n) {
   return Buffer(n * decodegraph::dtype_size(dtype));
 }
+
+/// The value of an fp8 code, spelled out from its bit fields (kernels/fp8_fields.hpp), independently
+/// of the library's codecs: the tests' yardstick for them.
+using decodegraph::detail::fp8_value;
 
 /// Writes a NaN pattern into every element so untouched outputs are visible.
 inline void poison(DType dtype, void* buf, std::size_t n) {

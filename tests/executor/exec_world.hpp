@@ -1,6 +1,8 @@
 // A small decode world for executor tests: per-layer paged KV caches (host memory for the host
 // backend), sequences with distinct blocks, step inputs (lengths, block tables, slot mapping), random
 // q / new K / new V written into the executor's buffers, and the float64 reference of each layer.
+// fp8 caches (spec.kv_dtype): random codes, per-layer scales (k_scales[l], v_scales[l], host memory
+// the layers point at), the append checked code by code.
 #pragma once
 
 #include <algorithm>
@@ -88,6 +90,7 @@ struct World {
   int num_blocks = 0;
   int stride = 0;  // block-table row width of the caller's tables
   std::vector<Buffer> k, v;
+  std::vector<std::vector<float>> k_scales, v_scales;  // fp8: [layer][spec.kv_scale_count()]
   std::mt19937_64 rng;
 
   // Current step inputs.
@@ -106,11 +109,25 @@ struct World {
     stride = (max_len + s.block_size - 1) / s.block_size;
     num_blocks = max_seqs * stride + 3;  // a few blocks nobody owns
     for (int l = 0; l < num_layers; ++l) {
-      const std::size_t elems = static_cast<std::size_t>(num_blocks) * specs[l].block_elems();
-      k.push_back(make_buffer(s.dtype, elems));
-      v.push_back(make_buffer(s.dtype, elems));
-      fill_uniform(s.dtype, k.back().data(), elems, rng);
-      fill_uniform(s.dtype, v.back().data(), elems, rng);
+      const AttentionSpec& ls = specs[l];  // this layer's heads, head size and cache dtype
+      const std::size_t elems = static_cast<std::size_t>(num_blocks) * ls.block_elems();
+      k.emplace_back(elems * ls.kv_elem_size());
+      v.emplace_back(elems * ls.kv_elem_size());
+      k_scales.emplace_back();
+      v_scales.emplace_back();
+      if (ls.fp8_kv()) {
+        // Values in [-1, 1) as codes at scale 1/64 (K) and 1/128 (V): codes up to 64 / 128.
+        k_scales.back().assign(ls.kv_scale_count(), 1.0f / 64);
+        v_scales.back().assign(ls.kv_scale_count(), 1.0f / 128);
+        std::uniform_real_distribution<float> u(-1.f, 1.f);
+        for (std::size_t e = 0; e < elems; ++e) {
+          static_cast<uint8_t*>(k.back().data())[e] = float_to_fp8_bits(ls.kv_dtype, u(rng) * 64);
+          static_cast<uint8_t*>(v.back().data())[e] = float_to_fp8_bits(ls.kv_dtype, u(rng) * 128);
+        }
+      } else {
+        fill_uniform(s.dtype, k.back().data(), elems, rng);
+        fill_uniform(s.dtype, v.back().data(), elems, rng);
+      }
     }
     std::vector<int32_t> ids(num_blocks);
     std::iota(ids.begin(), ids.end(), 0);
@@ -129,6 +146,10 @@ struct World {
       LayerBuffers lb;
       lb.k_cache = k[l].data();
       lb.v_cache = v[l].data();
+      if (specs[l].fp8_kv()) {
+        lb.k_scale = k_scales[l].data();
+        lb.v_scale = v_scales[l].data();
+      }
       lb.k_cache_bytes = k[l].bytes;  // the host backend cannot ask for an allocation's size
       lb.v_cache_bytes = v[l].bytes;
       c.layers.push_back(lb);
@@ -201,6 +222,10 @@ struct World {
     a.block_tables = tables.data();
     a.seq_lens = lens.data();
     a.alibi_slopes = alibi;
+    if (specs[l].fp8_kv()) {
+      a.k_scale = k_scales[l].data();
+      a.v_scale = v_scales[l].data();
+    }
     std::vector<double> ref(q_elems(n, l), 0.0);
     reference::paged_attention(a, ref.data());
     return ref;
@@ -214,9 +239,10 @@ struct World {
   }
 
   /// Cache element offsets of the new token of sequence i: compares K and V with new_key/new_value.
+  /// fp8 caches: the codes of new_key / k_scale and new_value / v_scale (numeric.hpp's rounding).
   ::testing::AssertionResult check_appended(Executor& ex, int l) const {
-    const AttentionSpec& spec = specs[l];  // this layer's heads and head size
-    const int x = math::vllm_x(static_cast<int>(dtype_size(spec.dtype)));
+    const AttentionSpec& spec = specs[l];  // this layer's heads, head size and cache dtype
+    const int x = math::vllm_x(static_cast<int>(spec.kv_elem_size()));
     for (std::size_t i = 0; i < lens.size(); ++i) {
       const int64_t slot = slots[i];
       const int64_t block = slot / spec.block_size;
@@ -228,10 +254,15 @@ struct World {
                                             spec.block_size, x);
           const int64_t vo = math::v_offset(spec.layout, block, h, tok, d, spec.num_kv_heads, spec.head_size,
                                             spec.block_size);
-          const float ek = load_as_float(spec.dtype, ex.new_key(l), src);
-          const float ev = load_as_float(spec.dtype, ex.new_value(l), src);
-          const float gk = load_as_float(spec.dtype, k[l].data(), ko);
-          const float gv = load_as_float(spec.dtype, v[l].data(), vo);
+          float ek = load_as_float(spec.dtype, ex.new_key(l), src);
+          float ev = load_as_float(spec.dtype, ex.new_value(l), src);
+          if (spec.fp8_kv()) {
+            const int si = spec.kv_scale_per_head ? h : 0;
+            ek = fp8_bits_to_float(spec.kv_dtype, float_to_fp8_bits(spec.kv_dtype, ek / k_scales[l][si]));
+            ev = fp8_bits_to_float(spec.kv_dtype, float_to_fp8_bits(spec.kv_dtype, ev / v_scales[l][si]));
+          }
+          const float gk = load_kv_as_float(spec, k[l].data(), ko);
+          const float gv = load_kv_as_float(spec, v[l].data(), vo);
           if (gk != ek || gv != ev)
             return ::testing::AssertionFailure() << "layer " << l << " seq " << i << " head " << h << " d " << d
                                                  << ": cache K " << gk << " V " << gv << ", appended K " << ek

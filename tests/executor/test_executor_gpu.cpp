@@ -10,6 +10,7 @@
 // SWITCH graph with every band checked, and a CUDA error the caller left pending. Lines starting
 // "[driver]" record what the driver answered (issue 22's open questions). Last, a step inside the
 // caller's own stream capture (both band choices), and two executors on two devices from one thread.
+// fp8 caches: new scale values between two replays apply at the next one, with no recapture.
 //
 // Copies from pageable host memory go through upload(): a pageable cudaMemcpy may return before its
 // DMA lands, and the executor's non-blocking streams are not ordered after the legacy stream.
@@ -167,6 +168,7 @@ TEST(ExecutorGpu, MeasuredBucketTimesItsCandidatesThenMatchesEager) {
 struct GpuWorld {
   World w;
   std::vector<std::unique_ptr<DevBuf>> k, v;
+  std::vector<std::unique_ptr<DevBuf>> k_scale, v_scale;  // fp8: device copies of w's scales
   GpuWorld(AttentionSpec s, int layers, int max_seqs, int max_len, uint64_t seed)
       : GpuWorld(std::vector<AttentionSpec>(static_cast<std::size_t>(layers), s), max_seqs, max_len, seed) {}
   /// One spec per layer (ExecutorConfig::layer_specs where they differ).
@@ -176,6 +178,18 @@ struct GpuWorld {
       v.push_back(std::make_unique<DevBuf>(w.v[l].bytes));
       upload(k.back()->p, w.k[l].data(), w.k[l].bytes);
       upload(v.back()->p, w.v[l].data(), w.v[l].bytes);
+      if (s.fp8_kv()) {
+        k_scale.push_back(std::make_unique<DevBuf>(w.k_scales[l].size() * sizeof(float)));
+        v_scale.push_back(std::make_unique<DevBuf>(w.v_scales[l].size() * sizeof(float)));
+      }
+    }
+    upload_scales();
+  }
+  /// fp8: w's current scale values into the same device buffers.
+  void upload_scales() {
+    for (std::size_t l = 0; l < k_scale.size(); ++l) {
+      upload(k_scale[l]->p, w.k_scales[l].data(), w.k_scales[l].size() * sizeof(float));
+      upload(v_scale[l]->p, w.v_scales[l].data(), w.v_scales[l].size() * sizeof(float));
     }
   }
   ExecutorConfig config(int max_batch, int max_len) {
@@ -183,6 +197,10 @@ struct GpuWorld {
     for (int l = 0; l < w.num_layers; ++l) {
       c.layers[l].k_cache = k[l]->p;
       c.layers[l].v_cache = v[l]->p;
+      if (w.spec.fp8_kv()) {
+        c.layers[l].k_scale = static_cast<const float*>(k_scale[l]->p);
+        c.layers[l].v_scale = static_cast<const float*>(v_scale[l]->p);
+      }
     }
     c.backend = BackendKind::kCuda;
     c.append_kv = false;  // the device caches stay equal to the host copies the reference reads
@@ -384,6 +402,43 @@ TEST(ExecutorGpu, RebindUpdatesTheGraphsInPlace) {
   EXPECT_FALSE(ex.step(other.w.inputs()).captured);
   CK(cudaStreamSynchronize(ex.stream()));
   EXPECT_TRUE(other.check(ex, 0, qs[0].data()));
+#endif
+}
+
+// fp8 caches (issue 25): the graphs read the scales from device memory when they replay. New
+// values written to the same buffers between two replays give the new reference at the next step,
+// with no capture; under both band choices (kDevice: the SWITCH graph), V1 and V2 lengths, per-KV-
+// head scales.
+TEST(ExecutorGpu, Fp8NewScalesBetweenReplaysApplyWithoutRecapture) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  for (BandSelect band : {BandSelect::kHost, BandSelect::kDevice}) {
+    for (KVCacheDType kv : {KVCacheDType::kFp8E4M3, KVCacheDType::kFp8E5M2}) {
+      AttentionSpec s = gpu_spec();
+      s.kv_dtype = kv;
+      s.kv_scale_per_head = kv == KVCacheDType::kFp8E4M3;
+      GpuWorld g(s, 1, 4, 4096, 171);
+      ExecutorConfig c = g.config(4, 4096);
+      c.band_select = band;
+      c.v2_threshold = 1024;
+      Executor ex(c);
+      for (int round = 0; round < 2; ++round) {
+        g.w.set_lens(round == 0 ? std::vector<int>{100, 7, 513} : std::vector<int>{3000, 4096, 1});
+        const auto qs = g.write_q(ex);
+        ex.step(g.w.inputs());
+        CK(cudaStreamSynchronize(ex.stream()));
+        EXPECT_TRUE(g.check(ex, 0, qs[0].data())) << to_string(band) << " " << to_string(kv) << " first replay";
+        const int captures = ex.stats().total_captures;
+        for (float& k : g.w.k_scales[0]) k *= round == 0 ? 4.0f : 0.25f;  // same buffers, new values
+        g.w.v_scales[0].back() *= round == 0 ? 0.5f : 3.0f;
+        g.upload_scales();
+        EXPECT_FALSE(ex.step(g.w.inputs()).captured);
+        EXPECT_EQ(ex.stats().total_captures, captures);
+        CK(cudaStreamSynchronize(ex.stream()));
+        EXPECT_TRUE(g.check(ex, 0, qs[0].data())) << to_string(band) << " " << to_string(kv) << " after new scales";
+      }
+    }
+  }
 #endif
 }
 

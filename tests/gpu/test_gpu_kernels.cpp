@@ -66,7 +66,7 @@ struct DevBuf {
 /// for validation).
 struct DeviceProblem {
   Problem& p;
-  std::unique_ptr<DevBuf> q, out, k, v, tables, lens, slopes;
+  std::unique_ptr<DevBuf> q, out, k, v, tables, lens, slopes, k_scale, v_scale;
   DecodeArgs args;
 
   explicit DeviceProblem(Problem& prob) : p(prob) {
@@ -97,6 +97,18 @@ struct DeviceProblem {
       slopes->upload(p.slopes.data(), p.slopes.size() * sizeof(float));
       args.alibi_slopes = static_cast<const float*>(slopes->ptr);
     }
+    if (p.args.spec.fp8_kv()) {  // fp8 caches: the scales live in device memory
+      k_scale = std::make_unique<DevBuf>(p.k_scales.size() * sizeof(float));
+      v_scale = std::make_unique<DevBuf>(p.v_scales.size() * sizeof(float));
+      upload_scales();
+    }
+  }
+  /// Copies p's k_scales / v_scales (host) to the device scales the launches read.
+  void upload_scales() {
+    k_scale->upload(p.k_scales.data(), p.k_scales.size() * sizeof(float));
+    v_scale->upload(p.v_scales.data(), p.v_scales.size() * sizeof(float));
+    args.k_scale = static_cast<const float*>(k_scale->ptr);
+    args.v_scale = static_cast<const float*>(v_scale->ptr);
   }
 
   /// Poisons the device output, runs `launch`, and copies the output into p.out.
@@ -654,6 +666,247 @@ TEST(GpuKernels, AppendKvMatchesHostAppend) {
       }
     }
   }
+}
+
+// ---------------------------------------------------------------- fp8 KV caches
+// The float64 reference reads the same codes, times the same scales, as the kernels (the numerical
+// contract's reference too): these check the kernels, not the quantisation, at the output dtype's
+// tolerance and, under the simulator, the per-element bound (numerics.hpp: the fp16 tensor-core
+// path). The quantisation against unquantised data is tests/kernels/test_fp8.cpp's.
+
+constexpr KVCacheDType kFp8Kinds[] = {KVCacheDType::kFp8E4M3, KVCacheDType::kFp8E5M2};
+
+AttentionSpec fp8_spec(KVCacheDType kv, DType dt, int head_size, int block_size, KVLayout layout, int q_heads,
+                       int kv_heads, bool per_head = false) {
+  AttentionSpec s = make_spec(dt, head_size, block_size, layout, q_heads, kv_heads);
+  s.kv_dtype = kv;
+  s.kv_scale_per_head = per_head;
+  return s;
+}
+
+// Every head size, both layouts, both formats and model dtypes, GQA 1 / 4 / 8, every block size
+// and the scale rules (k 0.5 / v 0.25; amax / 256 per layer; amax / 256 per KV head) in rotation;
+// lengths 1, bs - 1, bs + 1, P - 1, P + 1 and several partitions, a padded row; V1 and V2.
+TEST(GpuKernels, Fp8Grid) {
+  DG_REQUIRE_GPU();
+  const int heads[] = {64, 80, 96, 112, 128, 192, 256};
+  const int groups[] = {1, 4, 8};
+  int i = 0;
+  for (KVCacheDType kv : kFp8Kinds)
+    for (DType dt : {DType::kBFloat16, DType::kFloat16})
+      for (KVLayout layout : kLayouts)
+        for (int D : heads) {
+          const int bs = 8 << (i % 3), g = groups[(i / 3) % 3], rule = (i + i / 9) % 3;
+          ProblemSpec ps;
+          ps.spec = fp8_spec(kv, dt, D, bs, layout, 2 * g, 2, rule == 2);
+          if (rule > 0) ps.k_scale = ps.v_scale = 0.0f;  // amax / 256
+          ps.lens = {1, bs - 1, 0, bs + 1, 63, 65, 3 * 64 + 5};
+          ps.alibi = i % 4 == 1;
+          ps.distinct_blocks = i % 2 == 0;
+          ps.seed = 3000 + i++;
+          auto p = dgtest::make_problem(ps);
+          p->run_reference();
+          SCOPED_TRACE(describe(ps.spec) + " " + to_string(kv) + " scales " + std::to_string(p->k_scales[0]) + "/" +
+                       std::to_string(p->v_scales[0]) + (rule == 2 ? " per head" : ""));
+          check_all(*p, {64, 2 * bs});
+        }
+}
+
+// K and V far beyond max * scale: the codes saturate at +-max (448, 57344); the reference reads
+// them as stored, so the kernels must read the saturated codes as they are (no inf, no NaN).
+TEST(GpuKernels, Fp8SaturatedCodes) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (KVCacheDType kv : kFp8Kinds)
+    for (KVLayout layout : kLayouts) {
+      ProblemSpec ps;
+      ps.spec = fp8_spec(kv, i % 2 ? DType::kFloat16 : DType::kBFloat16, 128, 16, layout, 8, 2);
+      // Scales that put the largest code at |K| = 8 and |V| = 1 (the ordinary tests' magnitudes, so
+      // their tolerances hold), and values 40x that: most codes saturate.
+      const float max = kv == KVCacheDType::kFp8E4M3 ? 448.0f : 57344.0f;
+      ps.k_scale = 8.0f / max;
+      ps.v_scale = 1.0f / max;
+      ps.kv_magnitude = 40.0f;
+      ps.lens = {1, 200, 517};
+      ps.seed = 3100 + i++;
+      auto p = dgtest::make_problem(ps);
+      const uint8_t max_code = kv == KVCacheDType::kFp8E4M3 ? 0x7e : 0x7b;
+      std::size_t saturated = 0;
+      for (std::size_t e = 0; e < p->v.bytes; ++e) saturated += (static_cast<const uint8_t*>(p->v.data())[e] & 0x7f) == max_code;
+      ASSERT_GT(saturated, p->v.bytes / 4) << "the data do not saturate";
+      p->run_reference();
+      SCOPED_TRACE(describe(ps.spec) + " " + to_string(kv));
+      check_all(*p, {64});
+    }
+}
+
+// Around the V1/V2 threshold and past 100,000 tokens (out of the CI simulator subset: minutes).
+TEST(GpuKernels, Fp8LongSequences) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (KVCacheDType kv : kFp8Kinds)
+    for (KVLayout layout : kLayouts) {
+      ProblemSpec ps;
+      ps.spec = fp8_spec(kv, i % 2 ? DType::kBFloat16 : DType::kFloat16, 128, 16, layout, 8, 2);
+      ps.lens = {8191, 8192, 8193, 100003};
+      ps.seed = 3200 + i++;
+      auto p = dgtest::make_problem(ps);
+      p->run_reference();
+      SCOPED_TRACE(describe(ps.spec) + " " + to_string(kv));
+      check_all(*p, {512});
+    }
+}
+
+// The scales are read from memory when the kernels run: the same arguments launched again after
+// new scales were written give the new reference (what a graph replay does; the executor tests
+// check the replay itself). The launch before shows the old scales were in effect.
+TEST(GpuKernels, Fp8ScalesReadAtRunTime) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (KVCacheDType kv : kFp8Kinds)
+    for (KVLayout layout : kLayouts) {
+      ProblemSpec ps;
+      ps.spec = fp8_spec(kv, DType::kBFloat16, 64, 16, layout, 8, 2, i % 2 == 1);
+      ps.lens = {5, 130};
+      ps.seed = 3300 + i++;
+      auto p = dgtest::make_problem(ps);
+      DeviceProblem dp(*p);
+      const Tolerance t = gpu_tol(ps.spec.dtype);
+      for (int round = 0; round < 2; ++round) {
+        if (round == 1) {
+          for (float& k : p->k_scales) k *= 3.0f;
+          for (float& v : p->v_scales) v *= 0.5f;
+          const std::vector<unsigned char> before = dp.out_bytes();
+          dp.upload_scales();  // same device addresses, new values
+          p->run_reference();
+          dp.run_v2(64);
+          EXPECT_NE(before, dp.out_bytes()) << "new scales did not change the output";
+        }
+        p->run_reference();
+        dp.run_v1();
+        EXPECT_TRUE(p->check(t)) << "V1, scales round " << round;
+        dp.run_v2(64);
+        EXPECT_TRUE(p->check(t)) << "V2, scales round " << round;
+      }
+    }
+}
+
+// The quantising append: device and host write the same codes (one function, numeric.hpp), at the
+// layout offsets spelled out here, each the code of x / scale (checked against the independent
+// decode: the nearest finite value, ties to even, saturated), for NaN, +-inf, saturating and
+// subnormal inputs and per-head scales.
+TEST(GpuKernels, Fp8AppendMatchesHostAppend) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (KVCacheDType kv : kFp8Kinds)
+    for (DType dt : {DType::kBFloat16, DType::kFloat16})
+      for (KVLayout layout : kLayouts) {
+        const int D = i % 2 ? 80 : 128, bs = i % 3 == 0 ? 8 : 16;
+        const AttentionSpec s = fp8_spec(kv, dt, D, bs, layout, 8, 4, i % 2 == 0);
+        const int num_blocks = 7, num_tokens = 11;
+        std::mt19937_64 rng(4000 + i++);
+        const std::size_t cn = static_cast<std::size_t>(num_blocks) * s.block_elems();
+        const std::size_t tn = static_cast<std::size_t>(num_tokens) * s.num_kv_heads * D;
+        dgtest::Buffer kc(cn), vc(cn);
+        auto key = dgtest::make_buffer(dt, tn), value = dgtest::make_buffer(dt, tn);
+        for (std::size_t e = 0; e < cn; ++e) static_cast<uint8_t*>(kc.data())[e] = static_cast<uint8_t>(rng() % 0x7e);
+        std::memcpy(vc.data(), kc.data(), cn);
+        const float big = kv == KVCacheDType::kFp8E4M3 ? 2000.f : 1e6f;
+        dgtest::fill_uniform(dt, key.data(), tn, rng, -big, big);
+        dgtest::fill_uniform(dt, value.data(), tn, rng, -1.f, 1.f);
+        store_from_float(dt, key.data(), 3, NAN);
+        store_from_float(dt, key.data(), 4, INFINITY);
+        store_from_float(dt, key.data(), 5, -INFINITY);
+        store_from_float(dt, value.data(), 6, 1e-7f);  // a subnormal code (or zero) after scaling
+        std::vector<float> ks(s.kv_scale_count()), vs(s.kv_scale_count());
+        for (std::size_t h = 0; h < ks.size(); ++h) {
+          ks[h] = 0.5f + 0.25f * h;
+          vs[h] = 1.0f / (256 + 64 * h);
+        }
+        std::vector<int64_t> slots(num_blocks * bs);
+        for (std::size_t j = 0; j < slots.size(); ++j) slots[j] = static_cast<int64_t>(j);
+        std::shuffle(slots.begin(), slots.end(), rng);
+        slots.resize(num_tokens);
+        slots[2] = -1;
+
+        DevBuf dk(cn), dv(cn), dkey(key.bytes), dval(value.bytes), dslots(slots.size() * 8), dks(ks.size() * 4),
+            dvs(vs.size() * 4);
+        dk.upload(kc.data(), cn);
+        dv.upload(vc.data(), cn);
+        dkey.upload(key.data(), key.bytes);
+        dval.upload(value.data(), value.bytes);
+        dslots.upload(slots.data(), slots.size() * 8);
+        dks.upload(ks.data(), ks.size() * 4);
+        dvs.upload(vs.data(), vs.size() * 4);
+
+        AppendArgs a;
+        a.spec = s;
+        a.num_tokens = num_tokens;
+        a.num_blocks = num_blocks;
+        a.key = key.data();
+        a.value = value.data();
+        a.k_cache = kc.data();
+        a.v_cache = vc.data();
+        a.slot_mapping = slots.data();
+        a.k_scale = ks.data();
+        a.v_scale = vs.data();
+        host::append_kv(a);
+
+        AppendArgs d = a;
+        d.key = dkey.ptr;
+        d.value = dval.ptr;
+        d.k_cache = dk.ptr;
+        d.v_cache = dv.ptr;
+        d.slot_mapping = static_cast<const int64_t*>(dslots.ptr);
+        d.k_scale = static_cast<const float*>(dks.ptr);
+        d.v_scale = static_cast<const float*>(dvs.ptr);
+        append_kv(d, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        dgtest::Buffer gk(cn), gv(cn);
+        dk.download(gk.data(), cn);
+        dv.download(gv.data(), cn);
+        const std::string what = describe(s) + " " + to_string(kv);
+        EXPECT_EQ(0, std::memcmp(gk.data(), kc.data(), cn)) << "K cache differs: " << what;
+        EXPECT_EQ(0, std::memcmp(gv.data(), vc.data(), cn)) << "V cache differs: " << what;
+        const int64_t H = s.num_kv_heads, B = s.block_size, x = 16;
+        const double max = kv == KVCacheDType::kFp8E4M3 ? 448.0 : 57344.0;
+        int wrong = 0;
+        for (int tok = 0; tok < num_tokens; ++tok) {
+          if (slots[tok] < 0) continue;
+          const int64_t blk = slots[tok] / B, off = slots[tok] % B;
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t e = 0; e < D; ++e) {
+              const std::size_t src = (static_cast<std::size_t>(tok) * H + h) * D + e;
+              const int64_t ko = layout == KVLayout::kNHD ? ((blk * B + off) * H + h) * D + e
+                                                          : (((blk * H + h) * (D / x) + e / x) * B + off) * x + e % x;
+              const int64_t vo = layout == KVLayout::kNHD ? ko : ((blk * H + h) * D + e) * B + off;
+              const int si = s.kv_scale_per_head ? static_cast<int>(h) : 0;
+              for (int kind = 0; kind < 2; ++kind) {
+                const float xin = load_as_float(dt, kind ? value.data() : key.data(), src) / (kind ? vs : ks)[si];
+                const uint8_t code = static_cast<const uint8_t*>(kind ? gv.data() : gk.data())[kind ? vo : ko];
+                const double got = dgtest::fp8_value(kv, code);
+                if (std::isnan(xin)) {
+                  wrong += code != 0x7f;
+                  continue;
+                }
+                const double want = std::clamp(static_cast<double>(xin), -max, max);
+                // No finite code lies nearer to the (saturated) input than the one stored.
+                const uint8_t up = static_cast<uint8_t>((code & 0x7f) + 1), down = static_cast<uint8_t>((code & 0x7f) - 1);
+                const double mag = std::fabs(want), here = std::fabs(mag - std::fabs(got));
+                const bool sign_ok = got == 0 || (got < 0) == (want < 0);
+                bool nearest = std::isfinite(got) && sign_ok;
+                for (uint8_t nb : {up, down}) {
+                  const double v = dgtest::fp8_value(kv, nb);
+                  if ((code & 0x7f) == 0 && nb == down) continue;
+                  if (std::isfinite(v) && std::fabs(mag - v) < here) nearest = false;
+                  if (std::isfinite(v) && std::fabs(mag - v) == here && (code & 1)) nearest = false;  // tie: even
+                }
+                wrong += !nearest;
+              }
+            }
+        }
+        EXPECT_EQ(wrong, 0) << "codes not the nearest (ties even, saturated) at their offsets: " << what;
+      }
 }
 
 // With the sequences' lengths and block tables (what the executor passes), the append checks each

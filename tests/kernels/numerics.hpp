@@ -30,6 +30,7 @@
 #include "decodegraph/attention.hpp"
 #include "decodegraph/numeric.hpp"
 #include "gtest/gtest.h"
+#include "test_util.hpp"
 
 namespace dgtest::numerics {
 
@@ -77,11 +78,20 @@ struct Reference {
   }
 };
 
+/// Element `idx` of a cache of a.spec as the kernels must read it: the model dtype's value, or an fp8
+/// code's value (dgtest::fp8_value, spelled out from the bit fields) times the KV head's scale.
+inline double cache_value(const DecodeArgs& a, const void* cache, int64_t idx, const float* scale, int kv_head) {
+  const AttentionSpec& s = a.spec;
+  if (!s.fp8_kv()) return decodegraph::load_as_float(s.dtype, cache, idx);
+  return dgtest::fp8_value(s.kv_dtype, static_cast<const uint8_t*>(cache)[idx]) *
+         double(scale[s.kv_scale_per_head ? kv_head : 0]);
+}
+
 inline Reference reference_partitions(const DecodeArgs& a, int partition_size) {
   const AttentionSpec& s = a.spec;
   const int hs = s.head_size, bs = s.block_size, group = s.num_q_heads / s.num_kv_heads;
   const DType dt = s.dtype;
-  const Strides st{s.layout, s.num_kv_heads, hs, bs, static_cast<int64_t>(16 / decodegraph::dtype_size(dt))};
+  const Strides st{s.layout, s.num_kv_heads, hs, bs, static_cast<int64_t>(16 / s.kv_elem_size())};
   const double scale = s.scale > 0.0f ? double(s.scale) : 1.0 / std::sqrt(double(hs));
   Reference r;
   r.heads = s.num_q_heads;
@@ -105,7 +115,7 @@ inline Reference reference_partitions(const DecodeArgs& a, int partition_size) {
         part.m = -INFINITY;
         for (int t = t0; t < t1; ++t) {
           double dot = 0;
-          for (int d = 0; d < hs; ++d) dot += q[d] * decodegraph::load_as_float(dt, a.k_cache, st.k(table[t / bs], kvh, t % bs, d));
+          for (int d = 0; d < hs; ++d) dot += q[d] * cache_value(a, a.k_cache, st.k(table[t / bs], kvh, t % bs, d), a.k_scale, kvh);
           logit[t - t0] = dot * scale + slope * double(t - len + 1);
           part.m = std::max(part.m, logit[t - t0]);
         }
@@ -121,7 +131,7 @@ inline Reference reference_partitions(const DecodeArgs& a, int partition_size) {
             lo = std::min(lo, logit[t - t0]);
           }
           for (int d = 0; d < hs; ++d) {
-            const double v = decodegraph::load_as_float(dt, a.v_cache, st.v(table[t / bs], kvh, t % bs, d));
+            const double v = cache_value(a, a.v_cache, st.v(table[t / bs], kvh, t % bs, d), a.v_scale, kvh);
             part.o[d] += w * v;
             part.R[d] = std::max(part.R[d], std::fabs(v));
           }
@@ -133,7 +143,7 @@ inline Reference reference_partitions(const DecodeArgs& a, int partition_size) {
         for (int t = t0; t < t1; ++t) {
           const double w = std::exp(logit[t - t0] - part.m);
           for (int d = 0; d < hs; ++d) {
-            const double v = decodegraph::load_as_float(dt, a.v_cache, st.v(table[t / bs], kvh, t % bs, d));
+            const double v = cache_value(a, a.v_cache, st.v(table[t / bs], kvh, t % bs, d), a.v_scale, kvh);
             part.spread[d] += w * w * (v - part.o[d]) * (v - part.o[d]);
             run[d] += w * v;
             part.prefix[d] = std::max(part.prefix[d], std::fabs(run[d]));
@@ -156,10 +166,14 @@ inline Reference reference_partitions(const DecodeArgs& a, int partition_size) {
 
 /// The paths of the pass-1 math, as the launcher selects them (decode_policy.hpp,
 /// pass1_uses_tensor_cores): tensor cores for fp16 / bf16 with GQA groups >= 4, CUDA cores otherwise.
+/// fp8 caches run on tensor cores at every group, with fp16 operands (compute_dtype).
 enum class Path { kCudaCores, kTensorCores };
 inline Path path_of(const AttentionSpec& s) {
+  if (s.fp8_kv()) return Path::kTensorCores;
   return s.dtype != DType::kFloat32 && s.num_q_heads / s.num_kv_heads >= 4 ? Path::kTensorCores : Path::kCudaCores;
 }
+/// The dtype the path rounds its weights to: the model dtype, fp16 for fp8 caches.
+inline DType compute_dtype(const AttentionSpec& s) { return s.fp8_kv() ? DType::kFloat16 : s.dtype; }
 inline const char* to_string(Path p) { return p == Path::kTensorCores ? "tensor cores" : "CUDA cores"; }
 
 /// The contract's constants of one path (header comment; docs/design.md derives them): the
@@ -270,7 +284,7 @@ struct Measure {
 /// the reference (partition_size >= max_seq_len).
 inline Measure measure_output(const DecodeArgs& a, const Reference& ref, const void* out) {
   Measure m;
-  m.c = contract(path_of(a.spec), a.spec.dtype);
+  m.c = contract(path_of(a.spec), compute_dtype(a.spec));
   const int H = a.spec.num_q_heads, hs = a.spec.head_size;
   for (int seq = 0; seq < a.num_seqs; ++seq) {
     if (a.seq_lens[seq] == 0) continue;
@@ -309,7 +323,7 @@ inline PartialMeasure measure_partials(const DecodeArgs& a, const Reference& ref
   const auto* es = reinterpret_cast<const float*>(b + w.exp_sums_offset);
   const auto* po = reinterpret_cast<const float*>(b + w.partial_out_offset);
   PartialMeasure pm;
-  pm.o.c = contract(path_of(a.spec), a.spec.dtype);
+  pm.o.c = contract(path_of(a.spec), compute_dtype(a.spec));
   const int H = a.spec.num_q_heads, hs = a.spec.head_size;
   for (int seq = 0; seq < a.num_seqs; ++seq)
     for (int h = 0; h < H; ++h)
@@ -363,7 +377,7 @@ inline double split_flip(Path p, DType dt) {
 }
 inline ModelCheck model_check(const AttentionSpec& s) {
   ModelCheck mc;
-  mc.flip = split_flip(path_of(s), s.dtype);
+  mc.flip = split_flip(path_of(s), compute_dtype(s));
   return mc;
 }
 

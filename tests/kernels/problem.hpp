@@ -68,6 +68,13 @@ struct ProblemSpec {
   bool alibi = false;
   bool large_logits = false;
   uint64_t seed = 1;
+  /// fp8 caches (spec.kv_dtype): K and V are random values in [-kv_magnitude, kv_magnitude)
+  /// quantised with these scales (rne, saturated: numeric.hpp), or, where a scale is 0, with amax /
+  /// 256 of the values (FlashInfer's calibration rule; per KV head with spec.kv_scale_per_head).
+  /// A magnitude above max * scale saturates codes; the reference reads the codes as they are.
+  float k_scale = 0.5f;
+  float v_scale = 0.25f;
+  float kv_magnitude = 1.0f;
 };
 
 struct Problem {
@@ -76,6 +83,7 @@ struct Problem {
   Buffer q, out, k, v, poisoned;
   std::vector<int32_t> tables, lens;
   std::vector<float> slopes;
+  std::vector<float> k_scales, v_scales;  // fp8 caches: [spec.kv_scale_count()]
   std::vector<double> ref;
   std::vector<bool> mask;  // rows with seq_len > 0
   std::size_t out_elems = 0;
@@ -126,6 +134,37 @@ inline std::vector<float> alibi_slopes(int num_heads) {
   return s;
 }
 
+/// KV head of element i of a cache of `s` (both of the vLLM layouts keep a block's heads apart in
+/// [num_blocks, kv_heads, ...]; NHD interleaves them per token).
+inline int cache_head(const AttentionSpec& s, std::size_t i) {
+  if (s.layout == KVLayout::kNHD) return static_cast<int>((i / s.head_size) % s.num_kv_heads);
+  return static_cast<int>((i / (static_cast<std::size_t>(s.head_size) * s.block_size)) % s.num_kv_heads);
+}
+
+/// fp8 caches: n random values with magnitudes in [lo_share * mag, mag) (random sign) quantised into
+/// codes with `scale`, or with amax / 256 of the values where scale is 0 (per KV head when
+/// s.kv_scale_per_head). Returns the scales [s.kv_scale_count()].
+inline std::vector<float> quantise_cache(const AttentionSpec& s, void* codes, std::size_t n, std::mt19937_64& rng,
+                                         float mag, float scale, float lo_share) {
+  std::vector<float> x(n);
+  std::uniform_real_distribution<float> u(lo_share, 1.0f);
+  std::bernoulli_distribution neg(0.5);
+  for (float& v : x) v = (neg(rng) ? -mag : mag) * u(rng);
+  std::vector<float> scales(s.kv_scale_count(), scale);
+  if (scale == 0.0f) {
+    std::vector<float> amax(scales.size(), 0.0f);
+    for (std::size_t i = 0; i < n; ++i) {
+      float& m = amax[s.kv_scale_per_head ? cache_head(s, i) : 0];
+      m = std::max(m, std::fabs(x[i]));
+    }
+    for (std::size_t h = 0; h < scales.size(); ++h) scales[h] = amax[h] > 0 ? amax[h] / 256.0f : 1.0f;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    static_cast<uint8_t*>(codes)[i] =
+        decodegraph::float_to_fp8_bits(s.kv_dtype, x[i] / scales[s.kv_scale_per_head ? cache_head(s, i) : 0]);
+  return scales;
+}
+
 inline std::unique_ptr<Problem> make_problem(const ProblemSpec& ps) {
   auto p = std::make_unique<Problem>();
   p->ps = ps;
@@ -153,16 +192,23 @@ inline std::unique_ptr<Problem> make_problem(const ProblemSpec& ps) {
   p->q = make_buffer(s.dtype, qn);
   p->out = make_buffer(s.dtype, qn);
   p->poisoned = make_buffer(s.dtype, qn);
-  p->k = make_buffer(s.dtype, cn);
-  p->v = make_buffer(s.dtype, cn);
-  if (ps.large_logits) {
+  p->k = Buffer(cn * s.kv_elem_size());
+  p->v = Buffer(cn * s.kv_elem_size());
+  if (s.fp8_kv()) {
+    const float lo = ps.large_logits ? 8.f : 0.f, hi = ps.large_logits ? 30.f : 1.f;
+    if (ps.large_logits) fill_magnitude(s.dtype, p->q.data(), qn, rng, lo, hi); else fill_uniform(s.dtype, p->q.data(), qn, rng);
+    p->k_scales = quantise_cache(s, p->k.data(), cn, rng, ps.kv_magnitude * hi, ps.k_scale, lo / hi);
+    p->v_scales = quantise_cache(s, p->v.data(), cn, rng, ps.kv_magnitude, ps.v_scale, 0.f);
+    a.k_scale = p->k_scales.data();
+    a.v_scale = p->v_scales.data();
+  } else if (ps.large_logits) {
     fill_magnitude(s.dtype, p->q.data(), qn, rng, 8.f, 30.f);
     fill_magnitude(s.dtype, p->k.data(), cn, rng, 8.f, 30.f);
   } else {
     fill_uniform(s.dtype, p->q.data(), qn, rng);
     fill_uniform(s.dtype, p->k.data(), cn, rng);
   }
-  fill_uniform(s.dtype, p->v.data(), cn, rng);
+  if (!s.fp8_kv()) fill_uniform(s.dtype, p->v.data(), cn, rng);
   poison(s.dtype, p->poisoned.data(), qn);
   p->poison_out();
 

@@ -262,6 +262,154 @@ TEST(SmemLayout, TensorCoreStagesAndLdmatrixRows) {
   check_tc_config<256>();
 }
 
+// fp8 caches (TcPass1Policy<1, D>: 16-code chunks, 16- or 32-token tiles): the vLLM stages are
+// bijective and the loader writes them conflict-free for every block size (block size 8: each
+// stage chunk (d, token group) takes two 8-byte halves, one thread per chunk, consecutive threads
+// consecutive d); the NHD loader as the 16-bit one; every ldmatrix row holds what the fp8
+// fragments need (one K matrix per k-step, one V matrix per p.v step and d-tile for vLLM, per step,
+// chunk and token half for NHD), conflict-free, and the warps together read every K chunk and V
+// d-tile; tc_weight_k is the permutation the vLLM V fragments imply.
+template <int D>
+void check_fp8_config() {
+  using P = k::TcPass1Policy<1, D>;
+  constexpr int CPT = P::kChunksPerToken, NTOK = P::kTileTokens, NN = P::kTokenTiles, G = P::kVGroups;
+  constexpr int NTW = P::kDTilesPerWarp;
+  static_assert(P::kChunkElems == 16 && NTOK % 16 == 0 && NTW % 2 == 0);
+  SCOPED_TRACE("fp8 D " + std::to_string(D));
+  std::set<long> vk, vv, nhd;
+  for (int t = 0; t < NTOK; ++t)
+    for (int c = 0; c < CPT; ++c) {
+      vk.insert(k::smem_pos_vllm_k<P>(t, c));
+      nhd.insert(k::smem_pos_nhd<P>(t, c));
+    }
+  for (int d = 0; d < D; ++d)
+    for (int g = 0; g < G; ++g) vv.insert(k::smem_pos_vllm_v<P>(d, g));
+  ASSERT_EQ(static_cast<int>(vk.size()), P::kTileChunks);
+  ASSERT_EQ(static_cast<int>(vv.size()), P::kTileChunks);
+  ASSERT_EQ(static_cast<int>(nhd.size()), P::kTileChunks);
+  ASSERT_LT(*vk.rbegin(), P::kOperandChunks);
+  ASSERT_LT(*vv.rbegin(), P::kOperandChunks);
+  {  // NHD loader over the padded rows
+    constexpr int U = (P::kOperandChunks + P::kLoaderThreads - 1) / P::kLoaderThreads;
+    std::set<long> written;
+    for (int u = 0; u < U; ++u)
+      for (int w = 0; w < P::kLoaderThreads; w += 32) {
+        std::vector<long> lanes(32, -1);
+        for (int l = 0; l < 32; ++l) {
+          const int q = w + l + u * P::kLoaderThreads;
+          if (q >= P::kOperandChunks) continue;
+          const k::TileChunk ch = k::loader_chunk_nhd<P>(q);
+          if (ch.index >= CPT) continue;
+          lanes[l] = k::smem_pos_nhd<P>(ch.token, ch.index);
+          EXPECT_TRUE(written.insert(lanes[l]).second) << "NHD chunk written twice";
+        }
+        EXPECT_LE(warp_conflict(lanes), 1) << "fp8 NHD loader slot " << u << " warp " << w / 32;
+      }
+    EXPECT_EQ(written, nhd);
+  }
+  for (int bs : {8, 16, 32}) {
+    SCOPED_TRACE("block_size " + std::to_string(bs));
+    const int seg_log2 = std::min(k::ilog2(bs), k::ilog2(NTOK));
+    for (int layout = 0; layout < 2; ++layout) {  // vLLM K, vLLM V
+      std::vector<long> pos(P::kTileChunks);
+      std::set<long> seen;
+      for (int q = 0; q < P::kTileChunks; ++q) {
+        if (layout == 0) {
+          const k::TileChunk ch = k::loader_chunk_vllm_k<P>(q, seg_log2);
+          pos[q] = k::smem_pos_vllm_k<P>(ch.token, ch.index);
+        } else if (bs < P::kChunkElems) {  // the half-row loader (paged_decode.cuh)
+          pos[q] = k::smem_pos_vllm_v<P>(q % D, q / D);
+        } else {
+          const k::TileChunk ch = k::loader_chunk_vllm_v<P, D>(q, seg_log2);
+          ASSERT_EQ(ch.token % 16, 0);
+          pos[q] = k::smem_pos_vllm_v<P>(ch.index, ch.token / 16);
+        }
+        seen.insert(pos[q]);
+      }
+      EXPECT_EQ(seen, layout == 0 ? vk : vv) << "loader layout " << layout;
+      for (int u = 0; u < P::kLoadsPerThread; ++u)
+        for (int w = 0; w < P::kLoaderThreads; w += 32) {
+          std::vector<long> lanes(32, -1);
+          for (int l = 0; l < 32; ++l) {
+            const int q = w + l + u * P::kLoaderThreads;
+            if (q < P::kTileChunks) lanes[l] = pos[q];
+          }
+          EXPECT_LE(warp_conflict(lanes), 1) << "fp8 loader layout " << layout << " slot " << u;
+        }
+    }
+  }
+  for (int layout = 0; layout < 2; ++layout) {
+    const bool vllm = layout == 0;
+    std::set<std::pair<int, int>> k_cover, v_cover;
+    for (int warp = 0; warp < P::kWarps; ++warp) {
+      const int ks0 = (warp / NN) * P::kKStepsPerWarp;
+      for (int a = 0; a < (P::kKMatrices + 3) / 4; ++a) {
+        const int width = std::min(4, P::kKMatrices - 4 * a);
+        std::vector<long> lanes(32, -1);
+        for (int lane = 0; lane < 8 * width; ++lane) {
+          const int off = vllm ? k::tc_k_ldm_offset<P, KVLayout::kVLLM>(warp, lane, a)
+                               : k::tc_k_ldm_offset<P, KVLayout::kNHD>(warp, lane, a);
+          const int mu = 4 * a + lane / 8, r = lane % 8;
+          const int token = 8 * (warp % NN) + r, chunk = ks0 + mu, real = std::min(chunk, CPT - 1);
+          ASSERT_EQ(off / 16, vllm ? k::smem_pos_vllm_k<P>(token, real) : k::smem_pos_nhd<P>(token, real))
+              << "K warp " << warp << " lane " << lane << " ldmatrix " << a;
+          if (mu < P::kKStepsPerWarp && chunk < CPT) k_cover.insert({warp % NN, chunk});
+          lanes[lane] = off / 16;
+        }
+        EXPECT_LE(warp_conflict(lanes), 1) << (vllm ? "vLLM" : "NHD") << " fp8 K ldmatrix " << a << " warp " << warp;
+      }
+      for (int a = 0; a < (P::kVMatrices + 3) / 4; ++a) {
+        const int width = std::min(4, P::kVMatrices - 4 * a);
+        std::vector<long> lanes(32, -1);
+        for (int lane = 0; lane < 8 * width; ++lane) {
+          const int off = vllm ? k::tc_v_ldm_offset<P, KVLayout::kVLLM>(warp, lane, a)
+                               : k::tc_v_ldm_offset<P, KVLayout::kNHD>(warp, lane, a);
+          const int mu = 4 * a + lane / 8, r = lane % 8;
+          long expect;
+          if (vllm) {
+            const int kt = mu / NTW, dt = warp * NTW + mu % NTW, real = std::min(dt, P::kDTiles - 1);
+            expect = k::smem_pos_vllm_v<P>(8 * real + r, kt);
+            if (dt < P::kDTiles) v_cover.insert({kt, dt});
+            EXPECT_TRUE(vv.count(expect)) << "V row never written";
+          } else {
+            const int h = mu % 2, pair = mu / 2, kt = pair / (NTW / 2);
+            const int chunk = warp * (NTW / 2) + pair % (NTW / 2), real = std::min(chunk, CPT - 1);
+            expect = k::smem_pos_nhd<P>(16 * kt + 8 * h + r, real);
+            if (chunk < CPT) v_cover.insert({2 * kt + h, chunk});
+            EXPECT_TRUE(nhd.count(expect)) << "V row never written";
+          }
+          ASSERT_EQ(off / 16, expect) << "V warp " << warp << " lane " << lane << " ldmatrix " << a;
+          lanes[lane] = off / 16;
+        }
+        EXPECT_LE(warp_conflict(lanes), 1) << (vllm ? "vLLM" : "NHD") << " fp8 V ldmatrix " << a << " warp " << warp;
+      }
+    }
+    EXPECT_EQ(static_cast<int>(k_cover.size()), NN * CPT) << "K chunks no warp reads";
+    EXPECT_EQ(static_cast<int>(v_cover.size()), vllm ? NTOK / 16 * P::kDTiles : NTOK / 8 * CPT)
+        << "V no warp reads";
+  }
+  // The vLLM V fragments: lane t holds tokens 4t .. 4t + 3 of a 16-token group, as k 2t, 2t + 1,
+  // 2t + 8, 2t + 9; NHD keeps the order.
+  std::set<int> ks;
+  for (int c = 0; c < 16; ++c) {
+    const int kk = k::tc_weight_k<P, KVLayout::kVLLM>(c);
+    ks.insert(kk);
+    EXPECT_EQ(kk, 2 * (c / 4) + (c % 2) + 8 * ((c % 4) / 2)) << c;
+    EXPECT_EQ((k::tc_weight_k<P, KVLayout::kNHD>(c)), c);
+  }
+  EXPECT_EQ(static_cast<int>(ks.size()), 16);
+}
+
+TEST(SmemLayout, Fp8StagesAndLdmatrixRows) {
+  check_fp8_config<64>();
+  check_fp8_config<80>();
+  check_fp8_config<96>();
+  check_fp8_config<112>();
+  check_fp8_config<128>();
+  check_fp8_config<192>();
+  check_fp8_config<256>();
+}
+
 TEST(SmemLayout, ConflictCounterSeesConflicts) {
   // The check above must be able to fail: eight lanes reading chunks 128 bytes apart conflict
   // 8-way, and a broadcast (all lanes on one chunk) does not conflict.

@@ -54,6 +54,7 @@ struct Case {
   std::vector<int> lens;
   bool alibi;
   Logits logits;
+  KVCacheDType kv = KVCacheDType::kAuto;  // fp8: codes at k 1/128 (|K| < 1), v 1/256, per KV head
 };
 
 std::unique_ptr<dgtest::Problem> build(const Case& c, uint64_t seed) {
@@ -64,6 +65,10 @@ std::unique_ptr<dgtest::Problem> build(const Case& c, uint64_t seed) {
   ps.spec.layout = c.layout;
   ps.spec.num_q_heads = c.q_heads;
   ps.spec.num_kv_heads = c.kv_heads;
+  ps.spec.kv_dtype = c.kv;
+  ps.spec.kv_scale_per_head = c.kv != KVCacheDType::kAuto;
+  ps.k_scale = 1.0f / 128;
+  ps.v_scale = 1.0f / 256;
   ps.lens = c.lens;
   ps.alibi = c.alibi;
   ps.distinct_blocks = true;  // the crafted keys below belong to one token each
@@ -71,7 +76,17 @@ std::unique_ptr<dgtest::Problem> build(const Case& c, uint64_t seed) {
   auto p = dgtest::make_problem(ps);
   const AttentionSpec& s = ps.spec;
   const int D = s.head_size, group = s.num_q_heads / s.num_kv_heads;
-  const nm::Strides st{s.layout, s.num_kv_heads, D, s.block_size, static_cast<int64_t>(16 / dtype_size(s.dtype))};
+  const nm::Strides st{s.layout, s.num_kv_heads, D, s.block_size, static_cast<int64_t>(16 / s.kv_elem_size())};
+  // K element values (fp8: through its code and the KV head's scale).
+  auto store_k = [&](int64_t i, int kvh, float v) {
+    if (s.fp8_kv())
+      static_cast<uint8_t*>(p->k.data())[i] = float_to_fp8_bits(s.kv_dtype, v / p->k_scales[kvh]);
+    else
+      store_from_float(s.dtype, p->k.data(), i, v);
+  };
+  auto load_k = [&](int64_t i, int kvh) {
+    return s.fp8_kv() ? load_kv_as_float(s, p->k.data(), i) * p->k_scales[kvh] : load_as_float(s.dtype, p->k.data(), i);
+  };
   std::mt19937_64 rng(seed + 1);
   if (c.logits == Logits::kSpan90) {
     dgtest::fill_uniform(s.dtype, p->q.data(), p->out_elems, rng, -40.f, 40.f);
@@ -84,14 +99,14 @@ std::unique_ptr<dgtest::Problem> build(const Case& c, uint64_t seed) {
         const int t = std::uniform_int_distribution<int>(0, len - 1)(rng);
         const int64_t q0 = (static_cast<int64_t>(seq) * s.num_q_heads + kvh * group) * D;
         for (int d = 0; d < D; ++d)
-          store_from_float(s.dtype, p->k.data(), st.k(table[t / s.block_size], kvh, t % s.block_size, d),
-                           4.f * load_as_float(s.dtype, p->q.data(), q0 + d));
+          store_k(st.k(table[t / s.block_size], kvh, t % s.block_size, d), kvh,
+                  (s.fp8_kv() ? 3.f : 4.f) * load_as_float(s.dtype, p->q.data(), q0 + d));
       }
       if (c.logits == Logits::kEqual)
         for (int t = 1; t < len; ++t)
           for (int d = 0; d < D; ++d) {
-            const float k0 = load_as_float(s.dtype, p->k.data(), st.k(table[0], kvh, 0, d));
-            store_from_float(s.dtype, p->k.data(), st.k(table[t / s.block_size], kvh, t % s.block_size, d), k0);
+            const float k0 = load_k(st.k(table[0], kvh, 0, d), kvh);
+            store_k(st.k(table[t / s.block_size], kvh, t % s.block_size, d), kvh, k0);
           }
     }
   }
@@ -143,6 +158,18 @@ const std::vector<Case>& cases() {
       {"fp16, GQA 4, D 256, logits spanning ~90", DType::kFloat16, 256, 16, KVLayout::kNHD, 4, 1, {600}, false, Logits::kSpan90},
       {"bf16, GQA 2 (CUDA cores)", DType::kBFloat16, 128, 16, KVLayout::kVLLM, 4, 2, {1300}, false, Logits::kRandom},
       {"fp32, GQA 4 (CUDA cores)", DType::kFloat32, 128, 16, KVLayout::kVLLM, 8, 2, {1300}, false, Logits::kRandom},
+      // fp8 caches: the fp16 tensor-core path at every group (bf16 q converted to fp16 per row),
+      // per-KV-head scales folded into the logit scale and the epilogue.
+      {"fp8 E4M3, bf16 q, GQA 4, 1300 tokens", DType::kBFloat16, 128, 16, KVLayout::kVLLM, 8, 2, {1300}, false,
+       Logits::kRandom, KVCacheDType::kFp8E4M3},
+      {"fp8 E5M2, fp16 q, GQA 1, 3001 tokens, ALiBi", DType::kFloat16, 128, 16, KVLayout::kNHD, 2, 2, {3001}, true,
+       Logits::kRandom, KVCacheDType::kFp8E5M2},
+      {"fp8 E4M3, bf16 q, logits spanning ~90", DType::kBFloat16, 128, 8, KVLayout::kVLLM, 8, 2, {1300}, false,
+       Logits::kSpan90, KVCacheDType::kFp8E4M3},
+      {"fp8 E4M3, fp16 q, GQA 8, one dominant token", DType::kFloat16, 64, 16, KVLayout::kNHD, 16, 2, {700, 37},
+       false, Logits::kDominant, KVCacheDType::kFp8E4M3},
+      {"fp8 E5M2, bf16 q, GQA 16, all-equal logits", DType::kBFloat16, 256, 32, KVLayout::kVLLM, 16, 1, {500, 3},
+       false, Logits::kEqual, KVCacheDType::kFp8E5M2},
   };
   return c;
 }

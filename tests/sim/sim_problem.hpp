@@ -36,7 +36,7 @@ struct Dev {
 /// (no host copies of the lengths or tables: padded rows would fail their validation).
 struct DeviceProblem {
   Dev q, out, k, v, tables, lens;
-  std::unique_ptr<Dev> slopes;
+  std::unique_ptr<Dev> slopes, k_scale, v_scale;
   decodegraph::DecodeArgs args;
   explicit DeviceProblem(const dgtest::Problem& p)
       : q(p.q.bytes, p.q.data()), out(p.poisoned.bytes), k(p.k.bytes, p.k.data()), v(p.v.bytes, p.v.data()),
@@ -53,6 +53,12 @@ struct DeviceProblem {
     if (!p.slopes.empty()) {
       slopes = std::make_unique<Dev>(p.slopes.size() * sizeof(float), p.slopes.data());
       args.alibi_slopes = static_cast<const float*>(slopes->p);
+    }
+    if (p.args.spec.fp8_kv()) {  // fp8 caches: the scales live in device memory
+      k_scale = std::make_unique<Dev>(p.k_scales.size() * sizeof(float), p.k_scales.data());
+      v_scale = std::make_unique<Dev>(p.v_scales.size() * sizeof(float), p.v_scales.data());
+      args.k_scale = static_cast<const float*>(k_scale->p);
+      args.v_scale = static_cast<const float*>(v_scale->p);
     }
   }
   /// Resets the device output to the problem's NaN pattern.

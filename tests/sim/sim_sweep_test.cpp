@@ -4,7 +4,11 @@
 // (padded row), bs-1, a partition size +-1 and a multi-partition length.
 // CI: one group shape per (block_size, layout), rotating through the list, and one thread order
 // per case (alternating). DECODEGRAPH_SIM_FULL=1: every group shape, both thread orders. Each
-// launch also checks which pass-1 math ran (tensor cores for fp16 / bf16 with groups >= 4).
+// launch also checks which pass-1 math ran (tensor cores for fp16 / bf16 with groups >= 4, and
+// for fp8 caches at every group).
+// Fp8Sweep: the same for fp8 caches (E4M3, E5M2) x head size, the model dtype fp16 or bf16 (CI:
+// alternating by head size; full: both) and the scale rule (k 0.5 / v 0.25, amax / 256 per layer,
+// amax / 256 per KV head) rotating with the (block size, layout) combination.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +56,8 @@ struct Case {
   int q_heads, kv_heads;
   bool alibi;
   uint64_t seed;
+  KVCacheDType kv = KVCacheDType::kAuto;
+  int scale_rule = 0;  // fp8: 0 k 0.5 / v 0.25, 1 amax / 256, 2 amax / 256 per KV head
 };
 
 std::string describe(const Case& c, int P = 0) {
@@ -59,6 +65,7 @@ std::string describe(const Case& c, int P = 0) {
                   " bs=" + std::to_string(c.block_size) + " " + to_string(c.layout) + " heads " +
                   std::to_string(c.q_heads) + "/" + std::to_string(c.kv_heads) +
                   (c.alibi ? " alibi" : "") + " order " + sim::order_name();
+  if (c.kv != KVCacheDType::kAuto) s += std::string(" kv ") + to_string(c.kv) + " scales rule " + std::to_string(c.scale_rule);
   if (P > 0) s += " P=" + std::to_string(P);
   return s;
 }
@@ -74,6 +81,9 @@ void run_case(const Case& c) {
   ps.spec.layout = c.layout;
   ps.spec.num_q_heads = c.q_heads;
   ps.spec.num_kv_heads = c.kv_heads;
+  ps.spec.kv_dtype = c.kv;
+  ps.spec.kv_scale_per_head = c.scale_rule == 2;
+  if (c.scale_rule > 0) ps.k_scale = ps.v_scale = 0.0f;  // amax / 256
   ps.lens = {1, 0, bs - 1, p_large - 1, p_large + 1, 2 * p_large + bs + 3};
   ps.max_seq_len = *std::max_element(ps.lens.begin(), ps.lens.end()) + 40;  // band edge above
   ps.alibi = c.alibi;
@@ -85,9 +95,10 @@ void run_case(const Case& c) {
   const DecodeArgs& a = dp.args;
   Dev& out = dp.out;
   const dgtest::Tolerance t = tol(c.dtype);
-  // Pass 1 runs on tensor cores exactly for fp16 / bf16 with groups of 4 or more (the launcher's
-  // rule, restated here so that a dispatch change cannot pass unnoticed); the naive kernel never.
-  const bool tensor_cores = c.dtype != DType::kFloat32 && c.q_heads / c.kv_heads >= 4;
+  // Pass 1 runs on tensor cores exactly for fp16 / bf16 with groups of 4 or more, and for fp8
+  // caches always (the launcher's rule, restated here so that a dispatch change cannot pass
+  // unnoticed); the naive kernel never.
+  const bool tensor_cores = c.kv != KVCacheDType::kAuto || (c.dtype != DType::kFloat32 && c.q_heads / c.kv_heads >= 4);
   auto run = [&](auto&& launch, const std::string& what, bool expect_mma) {
     sim_ok(cudaMemcpy(out.p, p->poisoned.data(), p->poisoned.bytes, cudaMemcpyHostToDevice), "poison");
     const long mma_before = sim::mma_count();
@@ -121,7 +132,7 @@ void run_case(const Case& c) {
         << "host V2 partials vs device " << describe(c, P);
     EXPECT_TRUE(nm::outputs_match(p->args, whole, host_out.data(), p->out.data(), nm::model_check(a.spec))) << "host V2 vs device V2 " << describe(c, P);
   }
-  run([&] { naive::paged_attention_v1(a, nullptr); }, "naive " + describe(c), false);
+  if (c.kv == KVCacheDType::kAuto) run([&] { naive::paged_attention_v1(a, nullptr); }, "naive " + describe(c), false);
 }
 
 // Group shapes: GQA groups 1..32 (above 16 splits into head chunks), MHA 40/40, 64/8.
@@ -161,6 +172,44 @@ TEST_P(Sweep, AllBlockSizesLayoutsGroups) {
 }
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, int>>& info) {
+  return std::string(to_string(std::get<0>(info.param))) + "_D" + std::to_string(std::get<1>(info.param));
+}
+
+class Fp8Sweep : public ::testing::TestWithParam<std::tuple<KVCacheDType, int>> {};
+
+TEST_P(Fp8Sweep, AllBlockSizesLayoutsGroupsScales) {
+  const auto [kv, head_size] = GetParam();
+  const bool full = full_sweep();
+  const int kd = static_cast<int>(kv);
+  int combo = 0;
+  for (int bs : {8, 16, 32}) {
+    for (KVLayout layout : {KVLayout::kVLLM, KVLayout::kNHD}) {
+      ++combo;
+      const int first = (kd * 3 + head_size / 16 + combo) % kNumGroups;
+      for (int gi = 0; gi < (full ? kNumGroups : 1); ++gi) {
+        const auto [qh, kvh] = kGroups[(first + gi) % kNumGroups];
+        const std::vector<DType> models = full ? std::vector<DType>{DType::kBFloat16, DType::kFloat16}
+                                               : std::vector<DType>{((head_size / 16 + kd + combo) % 2) ? DType::kFloat16
+                                                                                                         : DType::kBFloat16};
+        for (DType model : models) {
+          const uint64_t seed = 1000 * static_cast<uint64_t>(head_size) + 100 * (kd + 4) + 10 * combo + gi;
+          Case c{model, head_size, bs, layout, qh, kvh, seed % 3 == 0, seed, kv, (combo + gi) % 3};
+          const std::vector<sim::Order> orders =
+              full ? std::vector<sim::Order>{sim::Order::kForward, sim::Order::kReverse}
+                   : std::vector<sim::Order>{(combo % 2) ? sim::Order::kReverse : sim::Order::kForward};
+          for (sim::Order o : orders) {
+            sim::set_order(o);
+            SCOPED_TRACE(describe(c));
+            run_case(c);
+          }
+        }
+      }
+    }
+  }
+  sim::set_order(sim::Order::kFromEnv);
+}
+
+std::string fp8_param_name(const ::testing::TestParamInfo<std::tuple<KVCacheDType, int>>& info) {
   return std::string(to_string(std::get<0>(info.param))) + "_D" + std::to_string(std::get<1>(info.param));
 }
 
@@ -207,5 +256,9 @@ INSTANTIATE_TEST_SUITE_P(Sim, Sweep,
                                                               DType::kFloat32),
                                             ::testing::Values(64, 80, 96, 112, 128, 192, 256)),
                          param_name);
+INSTANTIATE_TEST_SUITE_P(Sim, Fp8Sweep,
+                         ::testing::Combine(::testing::Values(KVCacheDType::kFp8E4M3, KVCacheDType::kFp8E5M2),
+                                            ::testing::Values(64, 80, 96, 112, 128, 192, 256)),
+                         fp8_param_name);
 
 }  // namespace

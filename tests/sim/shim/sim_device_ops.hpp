@@ -9,7 +9,9 @@
 // shared address to the bank-conflict model. ldmatrix and mma are warp-collective rendezvous with
 // the PTX fragment layouts (sim_runtime.cpp, "tensor cores"); each lane's ldmatrix row address is a
 // shared access for the bank-conflict model too (one 8x8 matrix = one 8-lane phase). ex2 models
-// ex2.approx.ftz.f32 at its documented 2-ulp worst.
+// ex2.approx.ftz.f32 at its documented 2-ulp worst. The fp8 -> fp16 conversions are exact, as the
+// hardware's cvt.rn.f16x2.{e4m3x2,e5m2x2} are (every fp8 value is an fp16 value); the two 8-byte
+// cp.async halves of one chunk are one copy of the chunk for the visibility model.
 #pragma once
 
 #include <cmath>
@@ -19,6 +21,7 @@
 
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
+#include "cuda_fp8.h"
 #include "sim_runtime.hpp"
 
 namespace decodegraph::kernels::dev {
@@ -29,6 +32,11 @@ inline uint64_t evict_first_policy() { return 0; }  // no cache model: the hint 
 inline void cp_async_16(void* dst, const void* src, int src_bytes, uint64_t /*policy*/,
                         unsigned site = __builtin_LINE()) {
   sim::cp_async(dst, src, src_bytes);
+  sim::shared_access(dst, site);
+}
+inline void cp_async_8x2(void* dst, const void* src_lo, int n_lo, const void* src_hi, int n_hi, uint64_t /*policy*/,
+                         unsigned site = __builtin_LINE()) {
+  sim::cp_async_halves(dst, src_lo, n_lo, src_hi, n_hi);
   sim::shared_access(dst, site);
 }
 inline void cp_async_commit() { sim::cp_async_commit(); }
@@ -84,6 +92,26 @@ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uin
                          unsigned site = __builtin_LINE()) {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "mma takes fp16 / bf16");
   sim::mma_m16n8k16(std::is_same_v<T, __nv_bfloat16>, d, a, b0, b1, site);
+}
+
+// fp8 codes -> fp16 pairs, exact (decodegraph/numeric.hpp decodes; every value is an fp16 value, so
+// rounding it to fp16 changes nothing; NaN stays NaN, E5M2's infinities stay infinite).
+template <typename KV>
+inline void fp8x4_to_half2x2(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+  static_assert(std::is_same_v<KV, __nv_fp8_e4m3> || std::is_same_v<KV, __nv_fp8_e5m2>, "fp8 code type");
+  uint32_t h[4];
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t b = static_cast<uint8_t>(codes >> (8 * i));
+    const float f = std::is_same_v<KV, __nv_fp8_e4m3> ? decodegraph::fp8_e4m3_bits_to_float(b)
+                                                      : decodegraph::fp8_e5m2_bits_to_float(b);
+    h[i] = decodegraph::float_to_fp16_bits(f);
+  }
+  lo = h[0] | (h[1] << 16);
+  hi = h[2] | (h[3] << 16);
+}
+
+inline uint32_t interleave_pairs(uint32_t x) {  // bytes (0, 2, 1, 3), as __byte_perm(x, 0, 0x3120)
+  return (x & 0xff0000ffu) | ((x & 0x0000ff00u) << 8) | ((x & 0x00ff0000u) >> 8);
 }
 
 }  // namespace decodegraph::kernels::dev

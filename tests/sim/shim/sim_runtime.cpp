@@ -109,6 +109,8 @@ struct Copy {
   int bytes;
   long group;
   ChunkState* st;
+  const void* src_hi = nullptr;  // cp_async_halves: bytes 8-15 from here (src, bytes: the low half)
+  int bytes_hi = -1;             // -1: one 16-byte copy
 };
 struct Access {
   unsigned site;
@@ -644,13 +646,35 @@ void shared_load16(const void* p, const char* what) {
   st.reader_syncs = warps[me / 32].syncs;
 }
 
+namespace {
+// Issues one copy into the 16-byte chunk at dst (sources checked by the callers).
+void issue_chunk_copy(Copy c);
+}  // namespace
+
 void cp_async(void* dst, const void* src, int src_bytes) {
   if (src_bytes < 0 || src_bytes > 16) fail("cp.async with src-size " + std::to_string(src_bytes) + " at " + where());
-  ChunkState& st = chunk_at(find_shared(dst, 16, "cp.async destination"), dst);
   if (src_bytes > 0) {
     if (reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("cp.async source misaligned at " + where());
     check_range(src, static_cast<size_t>(src_bytes), "cp.async source");
   }
+  issue_chunk_copy(Copy{dst, src, src_bytes, 0, nullptr});
+}
+
+void cp_async_halves(void* dst, const void* src_lo, int n_lo, const void* src_hi, int n_hi) {
+  for (auto [src, n] : {std::pair{src_lo, n_lo}, std::pair{src_hi, n_hi}}) {
+    if (n < 0 || n > 8) fail("cp.async (8 bytes) with src-size " + std::to_string(n) + " at " + where());
+    if (n > 0) {
+      if (reinterpret_cast<uintptr_t>(src) % 8 != 0) fail("cp.async (8 bytes) source misaligned at " + where());
+      check_range(src, static_cast<size_t>(n), "cp.async source");
+    }
+  }
+  issue_chunk_copy(Copy{dst, src_lo, n_lo, 0, nullptr, src_hi, n_hi});
+}
+
+namespace {
+void issue_chunk_copy(Copy c) {
+  void* dst = c.dst;
+  ChunkState& st = chunk_at(find_shared(dst, 16, "cp.async destination"), dst);
   const int me = cur->tid;
   // Write after write: another copy into these bytes in flight (PTX: no order between two cp.async
   // without a wait), or landed by a thread this one is not ordered after.
@@ -669,8 +693,11 @@ void cp_async(void* dst, const void* src, int src_bytes) {
          " read with no barrier in between at " + where());
   st = ChunkState{Vis::kInFlight, me, 0, st.reader, st.reader_warp, st.read_epoch, st.reader_syncs};
   memset(dst, 0xff, 16);  // NaN until the group is waited for
-  cur->copies.push_back(Copy{dst, src, src_bytes, cur->committed, &st});
+  c.group = cur->committed;
+  c.st = &st;
+  cur->copies.push_back(c);
 }
+}  // namespace
 
 void cp_async_commit() { ++cur->committed; }
 
@@ -684,8 +711,16 @@ void cp_async_wait(int n) {
       if (!poisoned(cs[i].dst))
         fail("a plain store into shared bytes while a cp.async (issued by " + where() +
              ") wrote them: it lands over the store");
-      if (cs[i].bytes > 0) memcpy(cs[i].dst, cs[i].src, static_cast<size_t>(cs[i].bytes));
-      memset(static_cast<char*>(cs[i].dst) + cs[i].bytes, 0, static_cast<size_t>(16 - cs[i].bytes));
+      char* d = static_cast<char*>(cs[i].dst);
+      if (cs[i].bytes_hi < 0) {
+        if (cs[i].bytes > 0) memcpy(d, cs[i].src, static_cast<size_t>(cs[i].bytes));
+        memset(d + cs[i].bytes, 0, static_cast<size_t>(16 - cs[i].bytes));
+      } else {  // two 8-byte halves
+        if (cs[i].bytes > 0) memcpy(d, cs[i].src, static_cast<size_t>(cs[i].bytes));
+        memset(d + cs[i].bytes, 0, static_cast<size_t>(8 - cs[i].bytes));
+        if (cs[i].bytes_hi > 0) memcpy(d + 8, cs[i].src_hi, static_cast<size_t>(cs[i].bytes_hi));
+        memset(d + 8 + cs[i].bytes_hi, 0, static_cast<size_t>(8 - cs[i].bytes_hi));
+      }
       // Landed: visible to this thread alone until the next barrier.
       ChunkState& st = *cs[i].st;
       st.vis = Vis::kThread;

@@ -21,6 +21,7 @@
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
+struct alignas(8) uint2 { unsigned x, y; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -85,6 +86,9 @@ void shared_load16(const void* p, const char* what);
 void shared_access(const void* p, unsigned site);
 // cp.async model (per thread): issue, close the open group, wait until at most n groups are pending.
 void cp_async(void* dst, const void* src, int src_bytes);
+// Two 8-byte cp.async into the halves of one 16-byte chunk by this thread (dst 16-byte aligned, each
+// source 8-byte aligned, 0..8 bytes read from each), modelled as one copy of the chunk.
+void cp_async_halves(void* dst, const void* src_lo, int n_lo, const void* src_hi, int n_hi);
 void cp_async_commit();
 void cp_async_wait(int n);
 // Tensor-core model (sim_runtime.cpp, "tensor cores"): warp-collective rendezvous like the shuffles,

@@ -40,12 +40,12 @@ __global__ void __launch_bounds__(kThreads) BadTransposeKernel(const __grid_cons
 
 }  // namespace
 
-template <typename T, int D, KVLayout L>
+template <typename T, typename KV, int D, KVLayout L>
 void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
   p.heads_per_block = 1;
   BadTransposeKernel<T, D><<<dim3(1, p.num_kv_heads, p.num_seqs), kThreads, 0, stream>>>(p);
 }
 
-template void launch_paged_decode<__nv_bfloat16, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
 
 }  // namespace decodegraph::kernels

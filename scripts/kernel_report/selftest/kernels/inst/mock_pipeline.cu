@@ -1,15 +1,17 @@
 // Self-test fixture of the kernel report (not part of the library): a pass-1 launcher shaped like the
 // coming kernel, so the report is checked on what it must handle next. It implements the real
-// launch_paged_decode<T, D, Layout> declaration (kernels/decode_params.cuh) with
+// launch_paged_decode<T, KV, D, Layout> declaration (kernels/decode_params.cuh) with
 //   - cp.async 16-byte copies into kStages dynamic shared-memory stages (LDGSTS, LDGDEPBAR, DEPBAR),
 //     the opt-in attribute set by the launcher;
 //   - the layout as a template parameter (two kernel names per dtype and head size);
-//   - two instantiations in one file (bf16 and fp16, head 128);
+//   - four instantiations in one file (bf16 and fp16, head 128; and fp16 with E4M3 and E5M2 caches, whose
+//     one-byte elements make the tile half the bytes and the guard's fp8 rule applies);
 //   - a fully unrolled tile, plus one block-stride loop whose trip count the report must read off
 //     the SASS: kScratch / 128 threads = 8 trips of one STS.128 each.
 // Its numbers are meaningless as attention; only the shape of the code matters.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -34,7 +36,7 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 template <typename T, int D, KVLayout L>
 __global__ void __launch_bounds__(kThreads) MockPipelinedKernel(const __grid_constant__ DecodeParams p) {
-  constexpr int kTileBytes = 2 * kTile * D * static_cast<int>(sizeof(T));  // K + V
+  constexpr int kTileBytes = 2 * kTile * D * static_cast<int>(sizeof(T));  // K + V (T: the cache's element)
   constexpr int kPerThread = kTileBytes / 16 / kThreads;
   extern __shared__ uint4 smem[];  // kStages x tile, then the scratch
   uint4* scratch = smem + kStages * kTileBytes / 16;
@@ -71,15 +73,17 @@ void launch_mock(const DecodeParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-template <typename T, int D, KVLayout L>
+template <typename T, typename KV, int D, KVLayout L>
 void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
   p.heads_per_block = 1;
-  launch_mock<T, D, L>(p, stream);
+  launch_mock<KV, D, L>(p, stream);
 }
 
-template void launch_paged_decode<__nv_bfloat16, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__nv_bfloat16, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
-template void launch_paged_decode<__half, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__nv_bfloat16, __nv_bfloat16, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __half, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __nv_fp8_e4m3, 128, KVLayout::kVLLM>(DecodeParams, cudaStream_t);
+template void launch_paged_decode<__half, __nv_fp8_e5m2, 128, KVLayout::kNHD>(DecodeParams, cudaStream_t);
 
 }  // namespace decodegraph::kernels
