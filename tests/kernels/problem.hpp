@@ -238,6 +238,35 @@ inline std::unique_ptr<Problem> make_problem(const ProblemSpec& ps) {
   return p;
 }
 
+/// A sliding window's freed blocks, as vLLM's hybrid allocator leaves them: every block wholly before
+/// sequence i's window (positions < len - W, W = spec.sliding_window) gets NaN in K and V (every
+/// head) and its table entry becomes an invalid id (alternately -1 and num_blocks + 1000). Needs
+/// ps.distinct_blocks (no block is shared with an attended one). Returns the blocks poisoned.
+inline int free_blocks_outside_window(Problem& p) {
+  const AttentionSpec& s = p.args.spec;
+  const int W = s.sliding_window, bs = s.block_size;
+  if (W <= 0) return 0;
+  const std::size_t elems = s.block_elems();
+  int freed = 0;
+  for (int sq = 0; sq < p.args.num_seqs; ++sq) {
+    const int first = p.lens[sq] > W ? p.lens[sq] - W : 0;  // first attended position
+    for (int j = 0; j < first / bs; ++j) {
+      int32_t& entry = p.tables[static_cast<std::size_t>(sq) * p.args.block_table_stride + j];
+      const std::size_t base = static_cast<std::size_t>(entry) * elems;
+      for (Buffer* b : {&p.k, &p.v}) {
+        if (s.fp8_kv()) {
+          std::memset(static_cast<unsigned char*>(b->data()) + base, 0x7f, elems);  // NaN in E4M3 and E5M2
+        } else {
+          for (std::size_t i = 0; i < elems; ++i) decodegraph::store_from_float(s.dtype, b->data(), base + i, NAN);
+        }
+      }
+      entry = freed % 2 == 0 ? -1 : p.args.num_blocks + 1000;
+      ++freed;
+    }
+  }
+  return freed;
+}
+
 /// Runs host V2 with a workspace of exactly the queried size.
 inline std::vector<std::uint64_t> run_host_v2(const DecodeArgs& a, int partition_size) {
   const std::size_t bytes =
