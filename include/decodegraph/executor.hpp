@@ -249,6 +249,12 @@ struct LayerBuffers {
   /// too (attention.hpp). rebind_layers may point them elsewhere.
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
+  /// Attention sinks (gpt-oss): fp32 [num_q_heads of the layer's spec] raw logits, one per query
+  /// head, entering the softmax denominator only (attention.hpp, DecodeArgs::sinks); null = none
+  /// (-inf for one head is none for that head). Device memory (host memory on the host backend) the
+  /// caller owns and keeps in place; read each time the kernels run, so new values apply at the next
+  /// step with no recapture. rebind_layers may point them elsewhere.
+  const float* sinks = nullptr;
 };
 
 struct ExecutorConfig {
