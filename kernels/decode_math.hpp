@@ -127,7 +127,7 @@ DG_HD int window_first(int len, int window) { return window > 0 && len > window 
 /// of block_size). Table entries and blocks before it are never touched; V2's partitions start here,
 /// and the tokens of this block before window_first are masked one by one.
 DG_HD int window_origin(int len, int window, int block_size) {
-  return window_first(len, window) / block_size * block_size;
+  return window > 0 ? window_first(len, window) / block_size * block_size : 0;  // no division without one
 }
 /// The most tokens read (len - window_origin) by a sequence of at most max_len tokens: max_len
 /// without a window, else min(max_len, W + block_size - 1). Sizes V2's partitions.
@@ -135,9 +135,10 @@ DG_HD int window_read_max(int max_len, int window, int block_size) {
   return window > 0 && window <= max_len - block_size ? window + block_size - 1 : max_len;
 }
 
-/// Soft-cap of a base-2 logit: cap2 * tanh(s2 / cap2) with cap2 = c * log2(e), which is c * tanh(s / c)
-/// in natural units times log2(e). cap2 = 0: off (s2 unchanged).
-DG_HD float softcap2(float s2, float cap2) { return cap2 > 0.0f ? cap2 * tanhf(s2 / cap2) : s2; }
+/// Soft-cap of a base-2 logit: cap2 * tanh(s2 / cap2) with cap2 = c * log2(e) > 0, which is
+/// c * tanh(s / c) in natural units times log2(e). Callers branch on cap2 > 0 (off: the logit as
+/// it is), so a layer without a cap pays one uniform branch, never the tanh.
+DG_HD float softcap2(float s2, float cap2) { return cap2 * tanhf(s2 / cap2); }
 
 /// A sink's term of a softmax denominator whose weights are 2^(s2 - sub) (base 2): 2^(sink log2(e) -
 /// sub); 0 for sink = -inf (no sink). The sink is a raw natural logit (not scaled, not capped).

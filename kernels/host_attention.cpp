@@ -260,11 +260,10 @@ void attend(const Geometry& g, const C& e, const typename C::T* kc, const typena
         const float* q = st.q.data() + static_cast<std::size_t>(h) * hs;
         float tile_max = math::neg_inf();
         for (int i = 0; i < n; ++i) {
-          st.s[i] = ts + i < first
-                        ? math::neg_inf()
-                        : math::softcap2(math::logit2(dot(q, kt + static_cast<std::size_t>(i) * hs, hs), st.scale2[h],
-                                                      math::alibi_bias2(st.slope2[h], ts + i, len)),
-                                         g.cap2);
+          float s = math::logit2(dot(q, kt + static_cast<std::size_t>(i) * hs, hs), st.scale2[h],
+                                 math::alibi_bias2(st.slope2[h], ts + i, len));
+          if (g.cap2 > 0.0f) s = math::softcap2(s, g.cap2);
+          st.s[i] = ts + i < first ? math::neg_inf() : s;
           tile_max = std::max(tile_max, st.s[i]);
         }
         float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;

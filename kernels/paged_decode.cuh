@@ -269,7 +269,9 @@ struct CudaCoreMath {
   float l;  // this lane's share until finish(); then the row's total
   float scale2;  // scale * log2(e): logits are kept in base 2 (decode_math.hpp)
   float slope2;  // ALiBi slope * log2(e)
+  float cap2;    // soft-cap in base 2; 0: off
   int len;
+  int lo;  // the window's first position (0 without one): masked tiles mask what lies before it
   int j;  // lane within the row
   int z;  // row (token slice) within the warp
   // Byte offsets, inside a stage's K / V part, of this lane's first read (token z*NR, chunk j);
@@ -306,6 +308,8 @@ struct CudaCoreMath {
     j = lane % L;
     z = lane / L;
     len = seq_len;
+    lo = math::window_first(seq_len, p.window);
+    cap2 = p.cap2;
     scale2 = p.scale * math::kLog2e;
     slope2 = (p.alibi_slopes != nullptr ? p.alibi_slopes[q_head] : 0.0f) * math::kLog2e;
     m = math::neg_inf();
@@ -324,7 +328,8 @@ struct CudaCoreMath {
   }
 
   /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state;
-  /// kMasked: tokens at or past `end` weigh 0. sk / sv: shared addresses of the stage's K and V
+  /// kMasked (the partition's last tile, and tiles holding positions before a window): tokens at
+  /// or past `end` or before `lo` weigh 0. sk / sv: shared addresses of the stage's K and V
   /// parts (kStageAlign-aligned).
   template <bool kMasked>
   __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
@@ -371,7 +376,8 @@ struct CudaCoreMath {
     // the row, the online-softmax step (one -inf guard for the row), the weight.
     const int pos = tile_start + t0 + owner(j & (NR - 1));
     float s = math::logit2(dot[0], scale2, math::alibi_bias2(slope2, pos, len));
-    if (kMasked && pos >= end) s = math::neg_inf();
+    if (cap2 > 0.0f) s = math::softcap2(s, cap2);  // after scale and bias, before the masks
+    if (kMasked && (pos >= end || pos < lo)) s = math::neg_inf();
     float tile_max = s;
 #pragma unroll
     for (int o = 1; o < NR; o *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, o));
@@ -427,8 +433,8 @@ struct CudaCoreMath {
   __device__ __forceinline__ void accumulate(dev::SmemAddr) {}
 
   /// Sums l over the row and merges the warp's Z slices (fixed butterfly: deterministic). Every
-  /// lane then holds the head's state for its chunks.
-  __device__ __forceinline__ void finish() {
+  /// lane then holds the head's state for its chunks; V1 adds the head's sink to l.
+  __device__ __forceinline__ void finish(const DecodeParams& p) {
 #pragma unroll
     for (int o = 1; o < NR; o *= 2) l += __shfl_xor_sync(kFullMask, l, o);
 #pragma unroll
@@ -446,6 +452,8 @@ struct CudaCoreMath {
         }
       m = mf.m;
     }
+    // NOTE(graph): the sink is read from memory. V2's partials leave it to the merge.
+    if (!p.write_partials && p.sinks != nullptr) l += math::sink_weight2(__ldg(p.sinks + warp_head(p)), m);
   }
 
   /// Slice 0 writes: V1 the normalised output row, V2 the partial (m, l, acc / l).
@@ -529,7 +537,10 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   int len = p.seq_lens[seq];
   len = len < p.max_seq_len ? len : p.max_seq_len;  // never read past the block table row
   if (len <= 0) return;
-  const int64_t start64 = static_cast<int64_t>(part) * p.partition_size;
+  // A window's partitions start at its first block: blocks before it are never read (neither table
+  // entry nor data), and the block's positions before the window are masked (`first`).
+  const int first = math::window_first(len, p.window);
+  const int64_t start64 = math::window_origin(len, p.window, p.block_size) + static_cast<int64_t>(part) * p.partition_size;
   if (start64 >= len) return;
   const int start = static_cast<int>(start64);
   const int end = static_cast<int>(start64 + p.partition_size < len ? start64 + p.partition_size : len);
@@ -597,12 +608,16 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
     dev::cp_async_wait<S - 2>();  // tile 0
     __syncthreads();
   }
-  for (int t = 0; t < ntiles - 1; ++t) step(t, std::false_type{});
+  // Masked: the tiles holding positions before the window (partition 0's first, at most
+  // ceil(block_size / NTOK); none without a window) and the last.
+  const int nlead = cmin(first > start ? (first - start + NTOK - 1) / NTOK : 0, ntiles - 1);
+  for (int t = 0; t < nlead; ++t) step(t, std::true_type{});
+  for (int t = nlead; t < ntiles - 1; ++t) step(t, std::false_type{});
   step(ntiles - 1, std::true_type{});
   TileLoader<KV, D, kLayout, P>::report_bad_block(p, seq, bad);
 
   if (!active) return;  // no barrier below
-  math.finish();
+  math.finish(p);
   math.write(p, seq, part);
 }
 

@@ -84,10 +84,16 @@ struct Problem {
   std::vector<int32_t> tables, lens;
   std::vector<float> slopes;
   std::vector<float> k_scales, v_scales;  // fp8 caches: [spec.kv_scale_count()]
+  std::vector<float> sinks;  // attention sinks [num_q_heads], or empty (set_sinks)
   std::vector<double> ref;
   std::vector<bool> mask;  // rows with seq_len > 0
   std::size_t out_elems = 0;
 
+  /// Attention sinks, `sigma` for every head (host pointer in args; the device mirrors copy it).
+  void set_sinks(const std::vector<float>& values) {
+    sinks = values;
+    args.sinks = sinks.empty() ? nullptr : sinks.data();
+  }
   /// Resets the output to the NaN pattern.
   void poison_out() { std::memcpy(out.data(), poisoned.data(), poisoned.bytes); }
   /// Fills ref with the float64 reference (padded rows stay NaN).
