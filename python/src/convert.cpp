@@ -27,6 +27,8 @@ dg::AttentionSpec spec_from_py(nb::handle o) {
   s.scale = get<float>(o, "scale");
   s.kv_dtype = get<dg::KVCacheDType>(o, "kv_dtype");
   s.kv_scale_per_head = get<bool>(o, "kv_scale_per_head");
+  s.sliding_window = get<int>(o, "sliding_window");
+  s.logit_softcap = get<float>(o, "logit_softcap");
   return s;
 }
 
