@@ -138,7 +138,19 @@ DG_HD int window_read_max(int max_len, int window, int block_size) {
 /// Soft-cap of a base-2 logit: cap2 * tanh(s2 / cap2) with cap2 = c * log2(e) > 0, which is
 /// c * tanh(s / c) in natural units times log2(e). Callers branch on cap2 > 0 (off: the logit as
 /// it is), so a layer without a cap pays one uniform branch, never the tanh.
-DG_HD float softcap2(float s2, float cap2) { return cap2 * tanhf(s2 / cap2); }
+/// tanh(x) = 1 - 2 / (e^(2x) + 1) with e^(2x) = 2^(2 log2(e) s2 / cap2): one exp2 and, on the
+/// device, two approximate reciprocals (__fdividef) instead of tanhf's polynomial and branches,
+/// which the pass-1 main loop would pay per logit; absolute error a few ulp of cap2 (the saturated
+/// ends are exact: +-cap2). The host computes the same formula with IEEE division.
+DG_HD float softcap2(float s2, float cap2) {
+#if defined(__CUDA_ARCH__)
+  const float e = exp2f(s2 * __fdividef(2.0f * kLog2e, cap2));
+  return cap2 - 2.0f * cap2 * __fdividef(1.0f, e + 1.0f);
+#else
+  const float e = exp2f(s2 * (2.0f * kLog2e / cap2));
+  return cap2 - 2.0f * cap2 / (e + 1.0f);
+#endif
+}
 
 /// A sink's term of a softmax denominator whose weights are 2^(s2 - sub) (base 2): 2^(sink log2(e) -
 /// sub); 0 for sink = -inf (no sink). The sink is a raw natural logit (not scaled, not capped).
