@@ -53,9 +53,16 @@ void print_plans(const Setup& s, const dg::ExecutorConfig& cfg, const std::strin
     }
   }
   const bool measured = cfg.policy == dg::KernelPolicy::kMeasured;
-  fmt::print(out, "{} buckets, {} distinct graphs{}:\n{}", plans.size(),
+  // The graph column is the launch id: a graph under kHost, a SWITCH branch's launches under kDevice.
+  std::set<int> batches;
+  for (const dg::BucketPlan& p : plans) batches.insert(p.batch);
+  const std::string graphs = cfg.band_select == dg::BandSelect::kHost
+                                 ? std::string(", one graph each (band select host)")
+                                 : fmt::format(", in {} graphs, one per batch bucket (band select device)", batches.size());
+  fmt::print(out, "{} buckets, {} distinct launches{}{}:\n{}", plans.size(),
              measured ? std::string("(decided when measured)") : std::to_string(distinct_graphs(plans)),
-             measured ? "; kMeasured starts from kAuto's choice" : "", dg::format_plan_table(plans));
+             measured ? "" : graphs, measured ? "; kMeasured starts from kAuto's choice" : "",
+             dg::format_plan_table(plans));
 }
 
 json plans_document(const Setup& s, const dg::ExecutorConfig& cfg, const std::string& source,

@@ -179,16 +179,16 @@ struct GpuWorld {
       v.push_back(std::make_unique<DevBuf>(w.v[l].bytes));
       upload(k.back()->p, w.k[l].data(), w.k[l].bytes);
       upload(v.back()->p, w.v[l].data(), w.v[l].bytes);
-      if (s.fp8_kv()) {
-        k_scale.push_back(std::make_unique<DevBuf>(w.k_scales[l].size() * sizeof(float)));
-        v_scale.push_back(std::make_unique<DevBuf>(w.v_scales[l].size() * sizeof(float)));
-      }
+      const bool fp8 = w.specs[l].fp8_kv();  // [layer] either way: null for a layer without fp8
+      k_scale.push_back(fp8 ? std::make_unique<DevBuf>(w.k_scales[l].size() * sizeof(float)) : nullptr);
+      v_scale.push_back(fp8 ? std::make_unique<DevBuf>(w.v_scales[l].size() * sizeof(float)) : nullptr);
     }
     upload_scales();
   }
   /// fp8: w's current scale values into the same device buffers.
   void upload_scales() {
     for (std::size_t l = 0; l < k_scale.size(); ++l) {
+      if (!k_scale[l]) continue;
       upload(k_scale[l]->p, w.k_scales[l].data(), w.k_scales[l].size() * sizeof(float));
       upload(v_scale[l]->p, w.v_scales[l].data(), w.v_scales[l].size() * sizeof(float));
     }
@@ -212,7 +212,7 @@ struct GpuWorld {
       c.layers[l].k_cache = k[l]->p;
       c.layers[l].v_cache = v[l]->p;
       c.layers[l].sinks = w.sinks[l].empty() ? nullptr : static_cast<const float*>(sinks.at(l)->p);
-      if (w.spec.fp8_kv()) {
+      if (k_scale[l]) {
         c.layers[l].k_scale = static_cast<const float*>(k_scale[l]->p);
         c.layers[l].v_scale = static_cast<const float*>(v_scale[l]->p);
       }
