@@ -138,16 +138,20 @@ DG_HD int window_read_max(int max_len, int window, int block_size) {
 /// Soft-cap of a base-2 logit: cap2 * tanh(s2 / cap2) with cap2 = c * log2(e) > 0, which is
 /// c * tanh(s / c) in natural units times log2(e). Callers branch on cap2 > 0 (off: the logit as
 /// it is), so a layer without a cap pays one uniform branch, never the tanh.
-/// tanh(x) = 1 - 2 / (e^(2x) + 1) with e^(2x) = 2^(2 log2(e) s2 / cap2): one exp2 and, on the
-/// device, two approximate reciprocals (__fdividef) instead of tanhf's polynomial and branches,
-/// which the pass-1 main loop would pay per logit; absolute error a few ulp of cap2 (the saturated
-/// ends are exact: +-cap2). The host computes the same formula with IEEE division.
-DG_HD float softcap2(float s2, float cap2) {
+/// tanh(x) = 1 - 2 / (e^(2x) + 1) with e^(2x) = 2^(s2 * k2), k2 = softcap2_k(cap2) formed once per
+/// launch: per logit one multiply, one exp2, one add, one reciprocal and one fma (device: MUFU.EX2 and
+/// MUFU.RCP, both approximate, flushing subnormals) instead of tanhf's polynomial and branches.
+/// Absolute error a few ulp of cap2; the saturated ends are exact (+-cap2: 2^-huge = 0, 1 / inf = 0).
+/// The host computes the same formula with exp2f and IEEE division.
+DG_HD float softcap2_k(float cap2) { return cap2 > 0.0f ? 2.0f * kLog2e / cap2 : 0.0f; }
+DG_HD float softcap2(float s2, float cap2, float k2) {
 #if defined(__CUDA_ARCH__)
-  const float e = exp2f(s2 * __fdividef(2.0f * kLog2e, cap2));
-  return cap2 - 2.0f * cap2 * __fdividef(1.0f, e + 1.0f);
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(s2 * k2));
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(e + 1.0f));
+  return fmaf(-2.0f * cap2, r, cap2);
 #else
-  const float e = exp2f(s2 * (2.0f * kLog2e / cap2));
+  const float e = exp2f(s2 * k2);
   return cap2 - 2.0f * cap2 / (e + 1.0f);
 #endif
 }

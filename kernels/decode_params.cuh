@@ -60,6 +60,7 @@ struct DecodeParams {
   int window = 0;
   /// Soft-cap in base 2 (c * log2(e)); 0: off.
   float cap2 = 0.0f;
+  float cap2_k = 0.0f;  ///< math::softcap2_k(cap2), formed once per launch
   /// Attention sinks, fp32 [num_q_heads] raw logits, or null. V1 adds each to its row's softmax
   /// denominator; V2 pass 1 ignores them (the merge adds them). NOTE(graph): read from memory.
   const float* sinks = nullptr;

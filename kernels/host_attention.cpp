@@ -145,6 +145,7 @@ struct Geometry {
   float scale;         // the softmax scale
   float scale2;        // scale * log2(e): logits in base 2, as the kernels keep them (kv_dtype auto)
   float cap2;          // the soft-cap in base 2 (c * log2(e)); 0: off
+  float cap2_k;        // math::softcap2_k(cap2), as the launcher forms it
   bool tensor_cores;   // the math the launcher selects for this spec
   int tile;            // the kernel's tile: one online-softmax step per `tile` tokens
   int chunk;           // tokens converted at once: whole cache blocks covering whole tiles
@@ -159,6 +160,7 @@ struct Geometry {
         scale(spec.effective_scale()),
         scale2(spec.effective_scale() * math::kLog2e),
         cap2(spec.logit_softcap * math::kLog2e),
+        cap2_k(math::softcap2_k(cap2)),
         tensor_cores(kernels::pass1_uses_tensor_cores(static_cast<int>(spec.kv_elem_size()), group)),
         tile(kernels::pass1_tile_tokens(static_cast<int>(spec.kv_elem_size()), spec.head_size)),
         chunk(std::max(bs, tile)) {
@@ -262,7 +264,7 @@ void attend(const Geometry& g, const C& e, const typename C::T* kc, const typena
         for (int i = 0; i < n; ++i) {
           float s = math::logit2(dot(q, kt + static_cast<std::size_t>(i) * hs, hs), st.scale2[h],
                                  math::alibi_bias2(st.slope2[h], ts + i, len));
-          if (g.cap2 > 0.0f) s = math::softcap2(s, g.cap2);
+          if (g.cap2 > 0.0f) s = math::softcap2(s, g.cap2, g.cap2_k);
           st.s[i] = ts + i < first ? math::neg_inf() : s;
           tile_max = std::max(tile_max, st.s[i]);
         }

@@ -115,6 +115,7 @@ DecodeParams decode_params(const DecodeArgs& a) {
   p.scale = a.spec.effective_scale();
   p.window = a.spec.sliding_window;
   p.cap2 = a.spec.logit_softcap * math::kLog2e;
+  p.cap2_k = math::softcap2_k(p.cap2);
   p.sinks = a.sinks;
   p.layout = a.spec.layout;
   return p;

@@ -242,7 +242,8 @@ __device__ __forceinline__ BlockHeads block_heads(const DecodeParams& p) {
 //   consume<kMasked>(sk, sv, tile_start, end)
 //                                    fold one tile (shared addresses of its K and V parts);
 //                                    kMasked only for the partition's last tile, the only one
-//                                    that can hold tokens at or past `end`;
+//                                    that can hold tokens at or past `end` (every tile masks
+//                                    positions before a window);
 //   finish(), write(p, seq, part)    merge what lanes keep, write V1 output or V2 partials.
 
 /// One warp per query head: q and the output accumulators in registers, per-row logits in
@@ -270,6 +271,7 @@ struct CudaCoreMath {
   float scale2;  // scale * log2(e): logits are kept in base 2 (decode_math.hpp)
   float slope2;  // ALiBi slope * log2(e)
   float cap2;    // soft-cap in base 2; 0: off
+  float cap2_k;  // math::softcap2_k(cap2)
   int len;
   int lo;  // the window's first position (0 without one): masked tiles mask what lies before it
   int j;  // lane within the row
@@ -310,6 +312,7 @@ struct CudaCoreMath {
     len = seq_len;
     lo = math::window_first(seq_len, p.window);
     cap2 = p.cap2;
+    cap2_k = p.cap2_k;
     scale2 = p.scale * math::kLog2e;
     slope2 = (p.alibi_slopes != nullptr ? p.alibi_slopes[q_head] : 0.0f) * math::kLog2e;
     m = math::neg_inf();
@@ -328,8 +331,8 @@ struct CudaCoreMath {
   }
 
   /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state;
-  /// kMasked (the partition's last tile, and tiles holding positions before a window): tokens at
-  /// or past `end` or before `lo` weigh 0. sk / sv: shared addresses of the stage's K and V
+  /// tokens before `lo` (the window) and, kMasked (the partition's last tile), at or past `end`
+  /// weigh 0. sk / sv: shared addresses of the stage's K and V
   /// parts (kStageAlign-aligned).
   template <bool kMasked>
   __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
@@ -376,8 +379,8 @@ struct CudaCoreMath {
     // the row, the online-softmax step (one -inf guard for the row), the weight.
     const int pos = tile_start + t0 + owner(j & (NR - 1));
     float s = math::logit2(dot[0], scale2, math::alibi_bias2(slope2, pos, len));
-    if (cap2 > 0.0f) s = math::softcap2(s, cap2);  // after scale and bias, before the masks
-    if (kMasked && (pos >= end || pos < lo)) s = math::neg_inf();
+    if (cap2 > 0.0f) s = math::softcap2(s, cap2, cap2_k);  // after scale and bias, before the masks
+    if ((kMasked && pos >= end) || pos < lo) s = math::neg_inf();
     float tile_max = s;
 #pragma unroll
     for (int o = 1; o < NR; o *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, o));
@@ -542,8 +545,12 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   const int first = math::window_first(len, p.window);
   const int64_t start64 = math::window_origin(len, p.window, p.block_size) + static_cast<int64_t>(part) * p.partition_size;
   if (start64 >= len) return;
-  const int start = static_cast<int>(start64);
   const int end = static_cast<int>(start64 + p.partition_size < len ? start64 + p.partition_size : len);
+  // Tiles wholly before the window (tiles shorter than a block) are skipped: at most one tile then
+  // holds positions before `first`, so the masked lead is one step, not a loop beside the main one.
+  // NTOK-aligned inside the block, as every tile start is when a tile is shorter than a block.
+  int start = static_cast<int>(start64);
+  if (first > start) start += (first - start) / NTOK * NTOK;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
@@ -608,11 +615,10 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
     dev::cp_async_wait<S - 2>();  // tile 0
     __syncthreads();
   }
-  // Masked: the tiles holding positions before the window (partition 0's first, at most
-  // ceil(block_size / NTOK); none without a window) and the last.
-  const int nlead = cmin(first > start ? (first - start + NTOK - 1) / NTOK : 0, ntiles - 1);
-  for (int t = 0; t < nlead; ++t) step(t, std::true_type{});
-  for (int t = nlead; t < ntiles - 1; ++t) step(t, std::false_type{});
+  // Only the last tile masks what lies past `end`. Every tile masks positions before the window
+  // (one compare and select per logit; only partition 0's first tile has any): a separate masked
+  // lead step cost registers (spills) and code for less than that.
+  for (int t = 0; t < ntiles - 1; ++t) step(t, std::false_type{});
   step(ntiles - 1, std::true_type{});
   TileLoader<KV, D, kLayout, P>::report_bad_block(p, seq, bad);
 
