@@ -519,6 +519,7 @@ std::vector<BucketPlan> make_plans(const ExecutorConfig& c) {
       p.band_lo = band == 0 ? 0 : c.band_edges[band - 1];
       p.band_hi = c.band_edges[band];
       p.design_len = planned_lengths(c.spec, p.band_lo, p.band_hi).design;
+      p.window = c.spec.sliding_window;
       if (c.policy == KernelPolicy::kThreshold) {
         const bool v1 = planned_hi(c, p) <= c.v2_threshold;
         set_launch(p, c, v1 ? KernelKind::kV1 : KernelKind::kV2, v1 ? 0 : fill_v2_partition(p, c));
@@ -572,7 +573,8 @@ int auto_partition_size(const AttentionSpec& spec, int batch, int band_hi, int n
 
 // ---------------------------------------------------------------- output
 
-std::string describe_reason(const BucketPlan& p) {
+namespace {
+std::string describe_choice(const BucketPlan& p) {
   char b[256];
   switch (p.reason) {
     case PlanReason::kLeastRegret:
@@ -609,6 +611,17 @@ std::string describe_reason(const BucketPlan& p) {
     default: std::snprintf(b, sizeof b, "unknown");
   }
   return b;
+}
+}  // namespace
+
+std::string describe_reason(const BucketPlan& p) {
+  std::string s = describe_choice(p);
+  if (p.window > 0 && p.window < p.band_hi) {
+    char w[96];
+    std::snprintf(w, sizeof w, "; window %d: planned for min(L, %d) tokens", p.window, p.window);
+    s += w;
+  }
+  return s;
 }
 
 std::string format_plan_table(const std::vector<BucketPlan>& plans) {

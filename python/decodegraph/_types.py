@@ -343,6 +343,7 @@ class BucketPlan:
     workspace_bytes: int
     launch_len: int
     design_len: int
+    window: int
     blocks: int
     target_blocks: int
     live_blocks_at_band_lo: int

@@ -106,6 +106,7 @@ nb::dict to_py(const dg::BucketPlan& p) {
   d["workspace_bytes"] = p.workspace_bytes;
   d["launch_len"] = p.launch_len;
   d["design_len"] = p.design_len;
+  d["window"] = p.window;
   d["blocks"] = p.blocks;
   d["target_blocks"] = p.target_blocks;
   d["live_blocks_at_band_lo"] = p.live_blocks_at_band_lo;
