@@ -927,7 +927,8 @@ def main() -> int:
             return 1
         print("\nguard: passed (no spills, no local memory, no 2-byte STS in pass-1 main loops, "
               f"bf16/128/GQA-4 at most {GUARD_MAX_INSTR_PER_BYTE:.2f} and fp8/128/GQA-4 at most "
-              f"{GUARD_MAX_FP8_INSTR_PER_BYTE:.2f} warp-instr per KV byte)")
+              f"{GUARD_MAX_FP8_INSTR_PER_BYTE:.2f} warp-instr per KV byte, soft-cap path at most "
+              f"{GUARD_MAX_SOFTCAP_RATIO:.2f}x the uncapped one)")
     return 0
 
 

@@ -43,10 +43,22 @@ TEST_P(GptOssLayers, EveryLayerMatchesTheReferenceWithSinksAndFreedBlocks) {
   Executor ex(c);
   ASSERT_EQ(ex.num_layer_groups(), 2);
   // The windowed group reads at most 128 tokens: V1 in every band, 8192's V2 rule included.
-  for (const BucketPlan& p : ex.plans(0)) EXPECT_EQ(p.kernel, KernelKind::kV1) << "band " << p.band;
+  for (const BucketPlan& p : ex.plans(0)) {
+    EXPECT_EQ(p.kernel, KernelKind::kV1) << "band " << p.band;
+    EXPECT_EQ(p.window, 128);
+    EXPECT_LE(p.design_len, 128) << "band " << p.band;
+    // The plan table and JSON say why: every band above the window names min(L, W).
+    EXPECT_EQ(describe_reason(p).find("window 128: planned for min(L, 128)") != std::string::npos, p.band_hi > 128)
+        << describe_reason(p);
+  }
   bool v2 = false;
-  for (const BucketPlan& p : ex.plans(1)) v2 = v2 || (p.band_lo >= 8192 && p.kernel == KernelKind::kV2);
+  for (const BucketPlan& p : ex.plans(1)) {
+    v2 = v2 || (p.band_lo >= 8192 && p.kernel == KernelKind::kV2);
+    EXPECT_EQ(p.window, 0);
+    EXPECT_EQ(describe_reason(p).find("window"), std::string::npos) << describe_reason(p);
+  }
   EXPECT_TRUE(v2) << "the full layer runs V2 above 8192";
+  EXPECT_NE(ex.plan_table().find("window 128"), std::string::npos);
 
   const std::vector<std::vector<int>> steps = {{100, 8100, 8191}, {101, 8193, 8192}, {250, 8300, 9000}};
   for (const std::vector<int>& lens : steps) {
