@@ -1,5 +1,7 @@
 #include "bench_common.hpp"
 
+#include "kernels/decode_math.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,6 +21,21 @@ const std::vector<ModelPreset>& model_presets() {
       {"llama3-70b-tp8", "Llama-3-70B on 8 GPUs: 8 q heads, 1 kv head", 8, 1, 128, 16, DType::kBFloat16},
       {"mha", "multi-head attention: 32 q heads, 32 kv heads", 32, 32, 128, 16, DType::kBFloat16},
       {"small", "CPU-sized GQA: 8 q heads, 2 kv heads, head 64", 8, 2, 64, 16, DType::kBFloat16},
+      // huggingface.co/openai/gpt-oss-20b config.json: num_attention_heads 64, num_key_value_heads 8,
+      // head_dim 64, sliding_window 128, layer_types alternating sliding / full from layer 0,
+      // learned sinks in every layer, scale 1/sqrt(64).
+      {"gpt-oss-20b", "gpt-oss-20b (openai/gpt-oss-20b config.json): 64 q / 8 kv heads, head 64, W=128 on even layers, sinks",
+       64, 8, 64, 16, DType::kBFloat16, 0.0f, 128, 2, 0.0f, true},
+      // huggingface.co/google/gemma-2-9b config.json: num_attention_heads 16, num_key_value_heads 8,
+      // head_dim 256, sliding_window 4096 on even layers, attn_logit_softcapping 50.0,
+      // query_pre_attn_scalar 256 (scale 256^-1/2).
+      {"gemma-2-9b", "Gemma-2-9B (google/gemma-2-9b config.json): 16 q / 8 kv heads, head 256, W=4096 on even layers, soft-cap 50",
+       16, 8, 256, 16, DType::kBFloat16, 0.0625f, 4096, 2, 50.0f, false},
+      // huggingface.co/google/gemma-3-27b-it config.json (text_config): num_attention_heads 32,
+      // num_key_value_heads 16, head_dim 128, sliding_window 1024, sliding_window_pattern 6 (five
+      // local layers, then one global), query_pre_attn_scalar 168 (scale 168^-1/2), no soft-cap.
+      {"gemma-3-27b", "Gemma-3-27B (google/gemma-3-27b-it config.json): 32 q / 16 kv heads, head 128, W=1024 on 5 of 6 layers",
+       32, 16, 128, 16, DType::kBFloat16, 0.0771517f, 1024, 6, 0.0f, false},
   };
   return presets;
 }
@@ -37,6 +54,15 @@ AttentionSpec spec_of(const ModelPreset& preset) {
   s.block_size = preset.block_size;
   s.dtype = preset.dtype;
   s.layout = decodegraph::KVLayout::kVLLM;
+  s.scale = preset.scale;
+  return s;
+}
+
+AttentionSpec layer_spec_of(const ModelPreset& preset, const AttentionSpec& base, int layer) {
+  AttentionSpec s = base;
+  s.logit_softcap = preset.softcap;
+  const bool global = preset.global_every > 0 && (layer + 1) % preset.global_every == 0;
+  s.sliding_window = global ? 0 : preset.window;
   return s;
 }
 
@@ -54,9 +80,11 @@ double attention_bytes(const AttentionSpec& spec, const int32_t* seq_lens, int n
   for (int i = 0; i < num_seqs; ++i) {
     const int len = seq_lens[i];
     if (len <= 0) continue;
-    total += kv_bytes(spec, len) + 2.0 * qo_row;
+    // A sliding window reads from its first block on (docs/design.md): those tokens, and their partitions.
+    const int read = len - decodegraph::math::window_origin(len, spec.sliding_window, spec.block_size);
+    total += kv_bytes(spec, read) + 2.0 * qo_row;
     if (kernel == KernelKind::kV2 && partition_size > 0)
-      total += 2.0 * partial * decodegraph::num_partitions(len, partition_size);  // written + read
+      total += 2.0 * partial * decodegraph::num_partitions(read, partition_size);  // written + read
   }
   return total;
 }

@@ -43,17 +43,28 @@ struct ModelPreset {
   int head_size;
   int block_size;
   decodegraph::DType dtype;
+  // The attention variants (issue 17), from the model's published config.
+  float scale = 0.0f;     // softmax scale; 0: 1/sqrt(head_size)
+  int window = 0;         // sliding window W of the local layers (HF convention); 0: none
+  int global_every = 0;   // layer l is global (no window) when (l + 1) % global_every == 0; 0: all local
+  float softcap = 0.0f;   // attn_logit_softcapping; 0: none
+  bool sinks = false;     // learned attention sinks in every layer
 };
 
 /// llama3-8b (32q/8kv), llama3-70b-tp8 (8q/1kv), mha (32q/32kv): head 128, block 16, bf16;
-/// plus "small" (8q/2kv, head 64), the CPU-friendly default of the host backend.
+/// "small" (8q/2kv, head 64), the CPU-friendly default of the host backend; and the windowed
+/// models gpt-oss-20b, gemma-2-9b, gemma-3-27b (their descriptions name the config they follow).
 const std::vector<ModelPreset>& model_presets();
 /// nullptr when unknown.
 const ModelPreset* find_preset(std::string_view name);
+/// The preset's shape and scale (no window: layer_spec_of gives each layer's).
 decodegraph::AttentionSpec spec_of(const ModelPreset& preset);
+/// Layer l's spec: `base` with the preset's soft-cap and, on its local layers, its window.
+decodegraph::AttentionSpec layer_spec_of(const ModelPreset& preset, const decodegraph::AttentionSpec& base, int layer);
 
 /// The bytes model (docs/design.md, "Performance model"): bytes of one layer's attention for one step:
-///   sum over sequences of 2 * len * kv_heads * head_size * bytes(kv)      (K and V read; fp8: 1)
+///   sum over sequences of 2 * len * kv_heads * head_size * bytes(kv)      (K and V read; fp8: 1;
+///     a sliding window's len: the tokens it reads, from the window's first block on)
 ///   + q read and out written                                           (num_seqs x q_heads x D each)
 ///   + V2 only: partials written by pass 1 and read by pass 2, per partition (max logit, exp sum and
 ///     head_size partial outputs, fp32), for each sequence's ceil(len/P) partitions.

@@ -44,6 +44,7 @@
 #include "executor/plan.hpp"
 #include "executor/staging_ring.hpp"
 #include "kernels/append_report.hpp"
+#include "kernels/decode_math.hpp"
 
 namespace decodegraph::detail {
 namespace {
@@ -74,7 +75,7 @@ void run_with_device_semantics(const DecodeArgs& a, const Run& run) {
       break;
     }
     const int32_t* row = a.block_tables + static_cast<int64_t>(i) * a.block_table_stride;
-    for (int j = 0; j < num_partitions(len, bs); ++j)
+    for (int j = math::window_origin(len, a.spec.sliding_window, bs) / bs; j < num_partitions(len, bs); ++j)
       if (bad_id(row[j])) {
         clean = false;
         break;
@@ -91,7 +92,8 @@ void run_with_device_semantics(const DecodeArgs& a, const Run& run) {
   for (int i = 0; i < a.num_seqs; ++i) {
     lens[i] = std::clamp(lens[i], 0, a.max_seq_len);
     int32_t* row = table.data() + static_cast<std::size_t>(i) * a.block_table_stride;
-    for (int j = 0; j < num_partitions(lens[i], bs); ++j) {
+    // As the kernels: entries before a window's first block are never read, so never reported.
+    for (int j = math::window_origin(lens[i], a.spec.sliding_window, bs) / bs; j < num_partitions(lens[i], bs); ++j) {
       if (!bad_id(row[j])) continue;
       if (first_bad == 0) {
         const int64_t flat = static_cast<int64_t>(i) * a.block_table_stride + j + 1;

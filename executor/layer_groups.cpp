@@ -13,6 +13,16 @@ const AttentionSpec& layer_spec(const ExecutorConfig& c, int layer) {
   return c.layer_specs.empty() ? c.spec : c.layer_specs[static_cast<std::size_t>(layer)];
 }
 
+int widest_window(const ExecutorConfig& c) {
+  int widest = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const int w = layer_spec(c, l).sliding_window;
+    if (w == 0) return 0;
+    widest = std::max(widest, w);
+  }
+  return widest;
+}
+
 }  // namespace decodegraph::detail
 
 namespace decodegraph {

@@ -16,6 +16,10 @@ namespace decodegraph::detail {
 /// Layer l's spec: config.layer_specs[l], or config.spec when layer_specs is empty.
 const AttentionSpec& layer_spec(const ExecutorConfig& config, int layer);
 
+/// The longest sliding window of any layer, or 0 when some layer has none: every block-table entry
+/// some layer reads lies from math::window_origin(len, widest_window, block_size) on.
+int widest_window(const ExecutorConfig& config);
+
 /// `given` with its zero fields from `device(spec)` (called only when one is 0), each checked >= 1;
 /// `whose` ends the error text ("as queried from the device" + whose).
 DeviceModel fill_device_model(const DeviceModel& given, const AttentionSpec& spec,

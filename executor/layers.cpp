@@ -78,6 +78,10 @@ void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const
       check(lb.k_scale, "k_scale", sb, st);
       check(lb.v_scale, "v_scale", sb, st);
     }
+    if (lb.sinks != nullptr) {
+      const std::size_t kb = sizeof(float) * static_cast<std::size_t>(spec.num_q_heads);
+      check(lb.sinks, "sinks", kb, "at least " + std::to_string(kb) + " bytes (num_q_heads fp32 values)");
+    }
   }
 }
 

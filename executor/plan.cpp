@@ -22,6 +22,7 @@
 #include "executor/layer_groups.hpp"
 #include "executor/plan_book.hpp"
 #include "executor/log.hpp"
+#include "kernels/decode_math.hpp"
 #include "kernels/decode_policy.hpp"
 #include "kernels/merge_policy.hpp"
 #include "kernels/occupancy.hpp"
@@ -248,6 +249,10 @@ void check_layer_buffers(const std::vector<LayerBuffers>& layers, const Executor
         require(ptr != nullptr && reinterpret_cast<std::uintptr_t>(ptr) % alignof(float) == 0, p + name,
                 ptr == nullptr ? std::string("null") : ptr_text(ptr), allowed);
     }
+    if (const float* sk = layers[l].sinks; sk != nullptr)
+      require(reinterpret_cast<std::uintptr_t>(sk) % alignof(float) == 0, p + ".sinks", ptr_text(sk),
+              "null (no sinks) or a pointer aligned to 4 bytes to num_q_heads = " + std::to_string(ls.num_q_heads) +
+                  " fp32 raw logits");
   }
   if (c.num_blocks < 1) return;  // reported by the caller's own check, with its message
   const std::size_t esize = dtype_size(c.spec.dtype);  // every layer's (validate_layer_specs)
@@ -323,11 +328,10 @@ ExecutorConfig resolve_config(ExecutorConfig c, const std::function<DeviceModel(
 
 // ---------------------------------------------------------------- plans
 
-// The band's own lengths: every layer today reads the whole sequence. A windowed layer (window W)
-// reads min(L, W): its lengths become min(each, W), and the threshold's "above it always V2" then
-// applies to that length, so a 128-token window runs V1 in every band. That is the one change here.
+// The band's own lengths, or for a windowed layer (window W), which reads min(L, W) tokens, each
+// of them capped at W: the threshold's "above it always V2" then applies to that length, so a
+// 128-token window runs V1 in every band.
 PlannedLengths planned_lengths(const AttentionSpec& spec, int band_lo, int band_hi) {
-  (void)spec;
   PlannedLengths r;
   // The lower edge is band_lo + 1 tokens. The first band's is 1 token, where every launch is its
   // kernels' floors (and which asks for no partitions at all); it starts at half its upper edge
@@ -337,6 +341,8 @@ PlannedLengths planned_lengths(const AttentionSpec& spec, int band_lo, int band_
   r.mid = r.lo + (band_hi - r.lo + 1) / 2;
   r.hi = band_hi;
   r.design = band_lo > 0 ? band_lo : std::max(1, band_hi / 2);
+  if (spec.sliding_window > 0)
+    for (int* len : {&r.lo, &r.mid, &r.hi, &r.design}) *len = std::min(*len, spec.sliding_window);
   return r;
 }
 
@@ -377,7 +383,9 @@ void set_launch(BucketPlan& p, const ExecutorConfig& c, KernelKind kernel, int p
   } else {
     p.launch_len = p.band_hi;
     p.partition_size = partition_size;
-    p.max_partitions = num_partitions(p.band_hi, partition_size);
+    // A window's partitions cover what it reads (its first block on), as the workspace does.
+    p.max_partitions = num_partitions(
+        math::window_read_max(p.band_hi, c.spec.sliding_window, c.spec.block_size), partition_size);
     p.merge_grid_x = c.spec.num_q_heads;  // one merge block per (query head, sequence, 32 elements)
     p.merge_grid_y = p.batch;
     p.merge_grid_z = kernels::merge_slices(c.spec.head_size);
@@ -511,6 +519,7 @@ std::vector<BucketPlan> make_plans(const ExecutorConfig& c) {
       p.band_lo = band == 0 ? 0 : c.band_edges[band - 1];
       p.band_hi = c.band_edges[band];
       p.design_len = planned_lengths(c.spec, p.band_lo, p.band_hi).design;
+      p.window = c.spec.sliding_window;
       if (c.policy == KernelPolicy::kThreshold) {
         const bool v1 = planned_hi(c, p) <= c.v2_threshold;
         set_launch(p, c, v1 ? KernelKind::kV1 : KernelKind::kV2, v1 ? 0 : fill_v2_partition(p, c));
@@ -564,7 +573,8 @@ int auto_partition_size(const AttentionSpec& spec, int batch, int band_hi, int n
 
 // ---------------------------------------------------------------- output
 
-std::string describe_reason(const BucketPlan& p) {
+namespace {
+std::string describe_choice(const BucketPlan& p) {
   char b[256];
   switch (p.reason) {
     case PlanReason::kLeastRegret:
@@ -601,6 +611,17 @@ std::string describe_reason(const BucketPlan& p) {
     default: std::snprintf(b, sizeof b, "unknown");
   }
   return b;
+}
+}  // namespace
+
+std::string describe_reason(const BucketPlan& p) {
+  std::string s = describe_choice(p);
+  if (p.window > 0 && p.window < p.band_hi) {
+    char w[96];
+    std::snprintf(w, sizeof w, "; window %d: planned for min(L, %d) tokens", p.window, p.window);
+    s += w;
+  }
+  return s;
 }
 
 std::string format_plan_table(const std::vector<BucketPlan>& plans) {

@@ -34,9 +34,10 @@ void check_layer_buffers(const std::vector<LayerBuffers>& layers, const Executor
 /// The lengths a layer group's plan of band (band_lo, band_hi] is made for: the three it is scored and
 /// predicted at (lo = band_lo + 1, or for the first band half its upper edge; mid; hi), and the
 /// design length its partitions are sized for (docs/planning.md). The threshold's "above it always
-/// V2" applies to hi. Today these are the band's own for every spec; this is the one place that maps
-/// a group's spec to shorter lengths (a sliding window W reads min(L, W)). The launch itself (grid,
-/// workspace, launch_len) still covers the whole band.
+/// V2" applies to hi. The one place that maps a group's spec to shorter lengths: a sliding window W
+/// reads min(L, W) tokens, so each length is capped at W. The launch itself (launch_len) still
+/// covers the whole band; a windowed V2 launch's partitions (grid, workspace) cover what the window
+/// reads, at most W + block_size - 1 tokens from the window's first block.
 struct PlannedLengths {
   int lo = 0, mid = 0, hi = 0;
   int design = 0;

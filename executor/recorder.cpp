@@ -149,6 +149,7 @@ void Recorder::attention(const BucketPlan& p, int layer, const void* q, void* ou
   a.alibi_slopes = targets_.alibi;
   a.k_scale = lb.k_scale;  // NOTE(graph): fp8 scales are read when the kernel runs, not baked
   a.v_scale = lb.v_scale;
+  a.sinks = lb.sinks;  // NOTE(graph): read when the kernel runs, not baked
   a.bad_block = targets_.bad_block;  // NOTE(graph): fixed address; ids are clamped, the first bad one reported
   if (p.kernel == KernelKind::kV1)
     backend_.attention_v1(a);

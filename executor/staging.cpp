@@ -7,7 +7,9 @@
 #include <string>
 
 #include "decodegraph/error.hpp"
+#include "executor/layer_groups.hpp"
 #include "executor/log.hpp"
+#include "kernels/decode_math.hpp"
 #include "kernels/validate.hpp"
 
 namespace decodegraph::detail {
@@ -17,7 +19,7 @@ std::size_t StepStaging::device_bytes(const ExecutorConfig& c) {
 }
 
 StepStaging::StepStaging(const ExecutorConfig& config, BandSelect band_mode, Backend& backend, Allocations& memory)
-    : cfg_(config), band_mode_(band_mode), backend_(backend), ring_(config, backend, memory) {
+    : cfg_(config), widest_window_(widest_window(config)), band_mode_(band_mode), backend_(backend), ring_(config, backend, memory) {
   const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
   const std::size_t seq_bytes = mb * sizeof(int32_t);
   const std::size_t slot_bytes = mb * sizeof(int64_t);
@@ -97,7 +99,8 @@ int StepStaging::check_lengths(const StepInputs& in, const int32_t* lens) const 
   return max_len;
 }
 
-// kFull: every block id a length uses, and every slot (range, and the position seq_len - 1).
+// kFull: every block id a length uses (from the first block some layer's window reads: entries
+// before it may hold any id, as vLLM's freed blocks do), and every slot (range, and the position seq_len - 1).
 void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* lens) {
   const int n = in.num_seqs;
   const int bs = cfg_.spec.block_size;
@@ -118,7 +121,7 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
   for (int i = 0; i < n; ++i) {
     const int used = (lens[i] + bs - 1) / bs;
     const int32_t* row = bt + static_cast<std::size_t>(i) * in.block_table_stride;
-    for (int j = 0; j < used; ++j)
+    for (int j = math::window_origin(lens[i], widest_window_, bs) / bs; j < used; ++j)
       if (row[j] < 0 || row[j] >= cfg_.num_blocks)
         throw_invalid("inputs.block_tables[" + std::to_string(i) + "][" + std::to_string(j) + "]",
                       row[j], "0..num_blocks-1 = 0.." + std::to_string(cfg_.num_blocks - 1));

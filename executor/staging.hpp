@@ -74,6 +74,7 @@ class StepStaging {
   std::size_t mirror_table_bytes() const;
 
   const ExecutorConfig& cfg_;
+  const int widest_window_;  // kFull checks the entries some layer reads (widest_window)
   const BandSelect band_mode_;
   Backend& backend_;
   StagedInputs dev_;

@@ -158,6 +158,10 @@ void validate_spec(const AttentionSpec& spec) {
   // A negative scale is a sign error in the caller, not a request for the default (0 is).
   require(std::isfinite(spec.scale) && spec.scale >= 0.0f, "spec.scale", spec.scale,
           "0 (selects 1/sqrt(head_size)) or a finite value > 0");
+  require(spec.sliding_window >= 0, "spec.sliding_window", spec.sliding_window,
+          "0 (no window) or W > 0 tokens (HF convention: the query attends (p - W, p]; FA's window_left = W - 1)");
+  require(std::isfinite(spec.logit_softcap) && spec.logit_softcap >= 0.0f, "spec.logit_softcap",
+          spec.logit_softcap, "0 (off) or a finite value > 0 (s -> c * tanh(s / c))");
 }
 
 }  // namespace decodegraph

@@ -118,6 +118,50 @@ DG_HD MergeFactors merge_factors2(float ma, float mb) {
   return MergeFactors{m, exp2_shifted(ma, m), exp2_shifted(mb, m)};
 }
 
+// ---------------------------------------------------------------- sliding window, soft-cap, sinks
+
+/// First position the query of a `len`-token sequence attends under a window of `window` tokens
+/// (0: none): max(0, len - W), the query sitting at p = len - 1 and attending (p - W, p].
+DG_HD int window_first(int len, int window) { return window > 0 && len > window ? len - window : 0; }
+/// Where the kernels start reading: the first cache block of the window, as a position (a multiple
+/// of block_size). Table entries and blocks before it are never touched; V2's partitions start here,
+/// and the tokens of this block before window_first are masked one by one.
+DG_HD int window_origin(int len, int window, int block_size) {
+  return window > 0 ? window_first(len, window) / block_size * block_size : 0;  // no division without one
+}
+/// The most tokens read (len - window_origin) by a sequence of at most max_len tokens: max_len
+/// without a window, else min(max_len, W + block_size - 1). Sizes V2's partitions.
+DG_HD int window_read_max(int max_len, int window, int block_size) {
+  return window > 0 && window <= max_len - block_size ? window + block_size - 1 : max_len;
+}
+
+/// Soft-cap of a base-2 logit: cap2 * tanh(s2 / cap2) with cap2 = c * log2(e) > 0, which is
+/// c * tanh(s / c) in natural units times log2(e). Callers branch on cap2 > 0 (off: the logit as
+/// it is), so a layer without a cap pays one uniform branch, never the tanh.
+/// tanh(x) = 1 - 2 / (e^(2x) + 1) with e^(2x) = 2^(s2 * k2), k2 = softcap2_k(cap2) formed once per
+/// launch: per logit one multiply, one exp2, one add, one reciprocal and one fma (device: MUFU.EX2 and
+/// MUFU.RCP, both approximate, flushing subnormals) instead of tanhf's polynomial and branches.
+/// Absolute error a few ulp of cap2; the saturated ends are exact (+-cap2: 2^-huge = 0, 1 / inf = 0).
+/// The host computes the same formula with exp2f and IEEE division.
+DG_HD float softcap2_k(float cap2) { return cap2 > 0.0f ? 2.0f * kLog2e / cap2 : 0.0f; }
+DG_HD float softcap2(float s2, float cap2, float k2) {
+#if defined(__CUDA_ARCH__)
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(s2 * k2));
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(e + 1.0f));
+  return fmaf(-2.0f * cap2, r, cap2);
+#else
+  const float e = exp2f(s2 * k2);
+  return cap2 - 2.0f * cap2 / (e + 1.0f);
+#endif
+}
+
+/// A sink's term of a softmax denominator whose weights are 2^(s2 - sub) (base 2): 2^(sink log2(e) -
+/// sub); 0 for sink = -inf (no sink). The sink is a raw natural logit (not scaled, not capped).
+DG_HD float sink_weight2(float sink, float sub) { return exp2_shifted(sink * kLog2e, sub); }
+/// The same for natural-log weights e^(s - M) (the V2 merge): e^(sink - M), 0 for sink = -inf.
+DG_HD float sink_weight(float sink, float M) { return exp_shifted(sink, M); }
+
 /// Pass 2 weight of a partition with max m_p and exp sum l_p, given the global max M:
 /// w_p = l_p * exp(m_p - M); an empty partition (m_p = -inf) weighs 0.
 DG_HD float partition_weight(float m_p, float l_p, float M) {

@@ -55,6 +55,15 @@ struct DecodeParams {
   /// V2: partitions per (seq, head) in the partials; V1: 1.
   int max_partitions = 1;
   float scale = 1.0f;
+  /// Sliding window W (0: none): partitions start at the window's first block (math::window_origin),
+  /// and tokens before len - W in it are masked; blocks before it are never read.
+  int window = 0;
+  /// Soft-cap in base 2 (c * log2(e)); 0: off.
+  float cap2 = 0.0f;
+  float cap2_k = 0.0f;  ///< math::softcap2_k(cap2), formed once per launch
+  /// Attention sinks, fp32 [num_q_heads] raw logits, or null. V1 adds each to its row's softmax
+  /// denominator; V2 pass 1 ignores them (the merge adds them). NOTE(graph): read from memory.
+  const float* sinks = nullptr;
   KVLayout layout = KVLayout::kVLLM;
   /// V2 pass 1 (fp32 partials) rather than V1 (normalised output).
   bool write_partials = false;
@@ -80,6 +89,10 @@ struct MergeParams {
   int max_seq_len = 0;
   int partition_size = 0;
   int max_partitions = 0;
+  /// As DecodeParams': partitions start at the window's first block; the sinks join the denominator.
+  int window = 0;
+  int block_size = 0;
+  const float* sinks = nullptr;
 };
 
 /// KV append (vLLM reshape_and_cache).

@@ -22,6 +22,10 @@
 //       caller's workspace as laid out by v2_workspace_layout; then a merge per (sequence, query head)
 //       in the merge kernel's fixed order (kernels/merge_policy.hpp), w_p = l_p exp(m_p - M). A
 //       single partition is copied.
+// Variants (decode_math.hpp): a sliding window starts the pass (V1) and the partitions (V2) at the
+// window's first cache block and masks that block's tokens before the window to -inf (after the
+// soft-cap, which each logit takes right after its scale and bias); an attention sink enters V1's
+// final denominator, and V2's merge, once per row.
 // fp32 accumulation throughout. Rows with seq_len 0 (executor padding) leave out untouched. q and
 // out rows honour q_stride / out_stride (e.g. q inside a fused QKV buffer).
 #include <algorithm>
@@ -140,6 +144,8 @@ struct Geometry {
   int hs, bs, group, x;
   float scale;         // the softmax scale
   float scale2;        // scale * log2(e): logits in base 2, as the kernels keep them (kv_dtype auto)
+  float cap2;          // the soft-cap in base 2 (c * log2(e)); 0: off
+  float cap2_k;        // math::softcap2_k(cap2), as the launcher forms it
   bool tensor_cores;   // the math the launcher selects for this spec
   int tile;            // the kernel's tile: one online-softmax step per `tile` tokens
   int chunk;           // tokens converted at once: whole cache blocks covering whole tiles
@@ -153,6 +159,8 @@ struct Geometry {
         x(math::vllm_x(static_cast<int>(spec.kv_elem_size()))),
         scale(spec.effective_scale()),
         scale2(spec.effective_scale() * math::kLog2e),
+        cap2(spec.logit_softcap * math::kLog2e),
+        cap2_k(math::softcap2_k(cap2)),
         tensor_cores(kernels::pass1_uses_tensor_cores(static_cast<int>(spec.kv_elem_size()), group)),
         tile(kernels::pass1_tile_tokens(static_cast<int>(spec.kv_elem_size()), spec.head_size)),
         chunk(std::max(bs, tile)) {
@@ -231,11 +239,12 @@ float pv_weight(bool tensor_cores, float x) {
 }
 
 // Folds tokens [t0, t1) of one sequence's KV head `kvh` into st: chunks of whole cache blocks
-// (t0 is a multiple of the block size), one online-softmax step per kernel tile from t0 on.
+// (t0 is a multiple of the block size), one online-softmax step per kernel tile from t0 on. Tokens
+// before `first` (the window's first position) are masked to -inf.
 // E: the math's element type (its weights on tensor cores; fp16 for fp8 caches); C: the cache's.
 template <class E, class C>
 void attend(const Geometry& g, const C& e, const typename C::T* kc, const typename C::T* vc,
-            const int32_t* table, int len, int kvh, int t0, int t1, GroupState& st) {
+            const int32_t* table, int len, int first, int kvh, int t0, int t1, GroupState& st) {
   const int hs = g.hs, bs = g.bs;
   const float shift = g.tensor_cores ? static_cast<float>(E::kWeightShift) : 0.0f;
   for (int c = t0; c < t1; c += g.chunk) {
@@ -253,8 +262,10 @@ void attend(const Geometry& g, const C& e, const typename C::T* kc, const typena
         const float* q = st.q.data() + static_cast<std::size_t>(h) * hs;
         float tile_max = math::neg_inf();
         for (int i = 0; i < n; ++i) {
-          st.s[i] = math::logit2(dot(q, kt + static_cast<std::size_t>(i) * hs, hs), st.scale2[h],
+          float s = math::logit2(dot(q, kt + static_cast<std::size_t>(i) * hs, hs), st.scale2[h],
                                  math::alibi_bias2(st.slope2[h], ts + i, len));
+          if (g.cap2 > 0.0f) s = math::softcap2(s, g.cap2, g.cap2_k);
+          st.s[i] = ts + i < first ? math::neg_inf() : s;
           tile_max = std::max(tile_max, st.s[i]);
         }
         float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
@@ -287,7 +298,8 @@ void check_host_contents(const DecodeArgs& a) {
     require(len >= 0 && len <= a.max_seq_len, "seq_lens[" + std::to_string(i) + "]", len,
             len_allowed);
     const int32_t* row = a.block_tables + static_cast<int64_t>(i) * a.block_table_stride;
-    for (int j = 0; j < num_partitions(len, a.spec.block_size); ++j)
+    const int j0 = math::window_origin(len, a.spec.sliding_window, a.spec.block_size) / a.spec.block_size;
+    for (int j = j0; j < num_partitions(len, a.spec.block_size); ++j)
       require(row[j] >= 0 && row[j] < a.num_blocks,
               "block_tables[" + std::to_string(i) + "][" + std::to_string(j) + "]", row[j],
               blk_allowed);
@@ -324,11 +336,19 @@ void load_group(const DecodeArgs& a, const Geometry& g, const E& e, int seq, int
   if constexpr (kFp8) st.vscale = a.v_scale[si];
 }
 
-// An output value: acc / l, times v_scale for fp8 caches (as the kernels' epilogue).
+// An output value: acc / l, times v_scale for fp8 caches (as the kernels' epilogue). V1 passes
+// l with the sink's term added (v1_denominator); V2's partials never include it.
 template <bool kFp8>
 float out_value(float acc, float l, const GroupState& st) {
   if constexpr (kFp8) return math::normalise(acc, l) * st.vscale;
   return math::normalise(acc, l);
+}
+
+// V1's softmax denominator of head h of the group: l plus the sink's term on the same scale
+// (weights are 2^(s - (m - shift))).
+float v1_denominator(const DecodeArgs& a, const Geometry& g, const GroupState& st, int kvh, int h, float shift) {
+  if (a.sinks == nullptr) return st.l[h];
+  return st.l[h] + math::sink_weight2(a.sinks[kvh * g.group + h], st.m[h] - shift);
 }
 
 // E: q and out; C: the cache (E itself, or fp8 codes; the math is then fp16's, W).
@@ -340,6 +360,7 @@ void run_v1(const DecodeArgs& a) {
   const E e{};
   const C c{};
   GroupState st(g);
+  const float shift = g.tensor_cores ? static_cast<float>(W::kWeightShift) : 0.0f;
   const auto* kc = static_cast<const typename C::T*>(a.k_cache);
   const auto* vc = static_cast<const typename C::T*>(a.v_cache);
   auto* out = static_cast<typename E::T*>(a.out);
@@ -350,11 +371,13 @@ void run_v1(const DecodeArgs& a) {
     for (int kvh = 0; kvh < a.spec.num_kv_heads; ++kvh) {
       load_group<E, kFp8>(a, g, e, seq, kvh, st);
       st.reset();
-      attend<W>(g, c, kc, vc, table, len, kvh, 0, len, st);
+      const int win = a.spec.sliding_window;
+      attend<W>(g, c, kc, vc, table, len, math::window_first(len, win), kvh, math::window_origin(len, win, g.bs), len, st);
       for (int h = 0; h < g.group; ++h) {
         const int64_t row = seq * detail::out_row_stride(a) + static_cast<int64_t>(kvh * g.group + h) * g.hs;
         const float* acc = st.acc.data() + static_cast<std::size_t>(h) * g.hs;
-        for (int d = 0; d < g.hs; ++d) out[row + d] = E::store(out_value<kFp8>(acc[d], st.l[h], st));
+        const float l = v1_denominator(a, g, st, kvh, h, shift);
+        for (int d = 0; d < g.hs; ++d) out[row + d] = E::store(out_value<kFp8>(acc[d], l, st));
       }
     }
   }
@@ -382,14 +405,17 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
     const int len = a.seq_lens[seq];
     if (len == 0) continue;  // padded row
     const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
-    const int parts = num_partitions(len, P);
+    // Partitions of P tokens from the window's first block (0 without a window).
+    const int origin = math::window_origin(len, a.spec.sliding_window, g.bs);
+    const int first = math::window_first(len, a.spec.sliding_window);
+    const int parts = num_partitions(len - origin, P);
 
     // Pass 1: partials per (KV head group, partition).
     for (int kvh = 0; kvh < a.spec.num_kv_heads; ++kvh) {
       load_group<E, kFp8>(a, g, e, seq, kvh, st);
       for (int p = 0; p < parts; ++p) {
         st.reset();
-        attend<W>(g, c, kc, vc, table, len, kvh, p * P, std::min(len, (p + 1) * P), st);
+        attend<W>(g, c, kc, vc, table, len, first, kvh, origin + p * P, std::min(len, origin + (p + 1) * P), st);
         // m back to natural units, l without the tensor-core math's fp16 weight scale.
         const float unscale = g.tensor_cores ? std::ldexp(1.0f, -W::kWeightShift) : 1.0f;
         for (int h = 0; h < g.group; ++h) {
@@ -408,7 +434,7 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
       const int64_t row = seq * detail::out_row_stride(a) + static_cast<int64_t>(qh) * hs;
       const int64_t base = math::partial_index(seq, qh, 0, H, w.max_partitions);
       kernels::merge_row_in_kernel_order(max_logits + base, exp_sums + base, partial_out + base * hs, parts, hs,
-                                         merged.data());
+                                         merged.data(), a.sinks ? a.sinks[qh] : math::neg_inf());
       for (int d = 0; d < hs; ++d) out[row + d] = E::store(merged[d]);
     }
   }
@@ -442,6 +468,7 @@ void paged_attention_v1(const DecodeArgs& args) {
   validate_decode_args(args);
   check_host_contents(args);
   detail::check_host_scales(args.spec, args.k_scale, args.v_scale);
+  detail::check_host_sinks(args.spec, args.sinks);
   dispatch(args.spec, [&](auto e, auto c) { run_v1<decltype(e), decltype(c)>(args); });
 }
 
@@ -450,6 +477,7 @@ void paged_attention_v2(const DecodeArgs& args, int partition_size, void* worksp
   const V2WorkspaceLayout w = detail::validate_v2_args(args, partition_size, workspace, workspace_bytes);
   check_host_contents(args);
   detail::check_host_scales(args.spec, args.k_scale, args.v_scale);
+  detail::check_host_sinks(args.spec, args.sinks);
   dispatch(args.spec, [&](auto e, auto c) { run_v2<decltype(e), decltype(c)>(args, partition_size, w, workspace); });
 }
 

@@ -19,6 +19,7 @@
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
 #include "kernels/cuda_check.hpp"
+#include "kernels/decode_math.hpp"
 #include "kernels/decode_params.cuh"
 #include "kernels/occupancy.hpp"
 #include "kernels/validate.hpp"
@@ -112,6 +113,10 @@ DecodeParams decode_params(const DecodeArgs& a) {
   p.q_stride = detail::q_row_stride(a);
   p.out_stride = detail::out_row_stride(a);
   p.scale = a.spec.effective_scale();
+  p.window = a.spec.sliding_window;
+  p.cap2 = a.spec.logit_softcap * math::kLog2e;
+  p.cap2_k = math::softcap2_k(p.cap2);
+  p.sinks = a.sinks;
   p.layout = a.spec.layout;
   return p;
 }
@@ -158,6 +163,9 @@ void paged_attention_v2(const DecodeArgs& args, int partition_size, void* worksp
   mp.max_seq_len = args.max_seq_len;
   mp.partition_size = partition_size;
   mp.max_partitions = ws.max_partitions;
+  mp.window = args.spec.sliding_window;
+  mp.block_size = args.spec.block_size;
+  mp.sinks = args.sinks;
   dispatch_dtype(args.spec.dtype,
                  [&](auto t) { kernels::launch_merge_partitions<typename decltype(t)::type>(mp, stream); });
 }

@@ -3,7 +3,9 @@
 // What it computes. For (sequence, query head) with n = ceil(len / P) live partitions:
 // M = max_p m_p, w_p = l_p * exp(m_p - M) (math::partition_weight), out = sum_p w_p o_p / sum_p w_p,
 // where o_p = acc_p / l_p is the normalised partial output. A single partition is copied (o_0 is
-// already the answer: no extra rounding).
+// already the answer: no extra rounding). An attention sink sigma adds e^(sigma - M) to the
+// denominator, once per row (then a single partition is merged like several). With a sliding
+// window the partitions start at the window's first block (pass 1's), so n = ceil((len - origin) / P).
 //
 // Mapping. Grid: x = query head, y = sequence, z = slice of 32 head elements (merge_slices). A block
 // is G groups of 8 threads (merge_groups: one group per partition up to 32). Thread j of group g
@@ -69,7 +71,9 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
   int len = p.seq_lens[seq];
   len = len < p.max_seq_len ? len : p.max_seq_len;
   if (len <= 0) return;  // padded row: output untouched
-  const int n = (len + p.partition_size - 1) / p.partition_size;
+  // Partitions from the window's first block on (pass 1's), and the row's sink (-inf: none).
+  const int n = (len - math::window_origin(len, p.window, p.block_size) + p.partition_size - 1) / p.partition_size;
+  const float sink = p.sinks != nullptr ? __ldg(p.sinks + q_head) : math::neg_inf();
   const int64_t base = math::partial_index(seq, q_head, 0, p.num_q_heads, p.max_partitions);
   const float* m_row = p.max_logits + base;
   const float* l_row = p.exp_sums + base;
@@ -77,7 +81,7 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
   const int row4 = D / 4;  // float4s per partial row
   T* out = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D + col * 4;
 
-  if (n == 1) {
+  if (n == 1 && sink == math::neg_inf()) {
     if (g == 0 && has_col) {
       const float4 v = __ldg(o_col);
       out[0] = from_float<T>(v.x);
@@ -181,10 +185,11 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
     }
   }
   if (g == 0 && has_col) {
-    out[0] = from_float<T>(math::normalise(acc.x, wsum));
-    out[1] = from_float<T>(math::normalise(acc.y, wsum));
-    out[2] = from_float<T>(math::normalise(acc.z, wsum));
-    out[3] = from_float<T>(math::normalise(acc.w, wsum));
+    const float denom = wsum + math::sink_weight(sink, M);  // the sink, once per row
+    out[0] = from_float<T>(math::normalise(acc.x, denom));
+    out[1] = from_float<T>(math::normalise(acc.y, denom));
+    out[2] = from_float<T>(math::normalise(acc.z, denom));
+    out[3] = from_float<T>(math::normalise(acc.w, denom));
   }
 }
 

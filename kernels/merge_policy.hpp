@@ -10,7 +10,9 @@
 //      acc_v = fmaf(w_p, o_p, acc_v) and W_v += w_p, both from 0.
 //   3. A binary tree over v: at level i (i = 0..4) fold v (a multiple of 2^(i+1)) adds fold
 //      v + 2^i, unless that subtree holds no partition (its first fold >= min(n, 32)).
-//   4. out = math::normalise(acc_0, W_0).
+//   4. out = math::normalise(acc_0, W_0 + math::sink_weight(sink, M)): an attention sink enters the
+//      denominator here, once per row (never in a partition's exp sum). Without one (sink = -inf)
+//      and n = 1 the row is a copy of its partial.
 // Folds past n are skipped rather than added as zeros, so that a launch with fewer groups (short
 // rows) gives the same bits as one with 32: the order depends on n alone, never on the launch.
 #pragma once
@@ -54,11 +56,11 @@ DG_HD constexpr int merge_threads(int max_partitions) { return merge_groups(max_
 DG_HD constexpr bool merge_tree_adds(int level, int v, int used) { return (((v >> level) | 1) << level) < used; }
 
 /// The merge of one (sequence, query head) row in the order above, on the host: m, l [n],
-/// o [n, head_size] (fp32 partials), out [head_size]. n >= 1. The host implementation's merge and
-/// the simulator tests' expected values.
+/// o [n, head_size] (fp32 partials), out [head_size], the row's sink (a natural logit; -inf: none).
+/// n >= 1. The host implementation's merge and the simulator tests' expected values.
 inline void merge_row_in_kernel_order(const float* m, const float* l, const float* o, int n, int head_size,
-                                      float* out) {
-  if (n == 1) {
+                                      float* out, float sink = -INFINITY) {
+  if (n == 1 && sink == -INFINITY) {
     for (int d = 0; d < head_size; ++d) out[d] = o[d];
     return;
   }
@@ -87,7 +89,8 @@ inline void merge_row_in_kernel_order(const float* m, const float* l, const floa
         const float* b = a + static_cast<std::ptrdiff_t>(1 << level) * head_size;
         for (int d = 0; d < head_size; ++d) a[d] += b[d];
       }
-  for (int d = 0; d < head_size; ++d) out[d] = math::normalise(acc[d], w_fold[0]);
+  const float denom = w_fold[0] + math::sink_weight(sink, M);
+  for (int d = 0; d < head_size; ++d) out[d] = math::normalise(acc[d], denom);
 }
 
 }  // namespace decodegraph::kernels

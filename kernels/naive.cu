@@ -66,7 +66,9 @@ __global__ void NaivePagedAttentionKernel(const __grid_constant__ NaiveParams np
 
   const float slope = a.alibi_slopes != nullptr ? a.alibi_slopes[q_head] : 0.0f;
   float m = math::neg_inf(), l = 0.0f, acc = 0.0f;
-  for (int pos = 0; pos < len; ++pos) {
+  // A window's positions only (its blocks only); the soft-cap after scale and bias; the sink joins
+  // the denominator like a token whose value is 0.
+  for (int pos = math::window_first(len, s.sliding_window); pos < len; ++pos) {
     const int64_t entry = static_cast<int64_t>(seq) * a.block_table_stride + pos / s.block_size;
     int64_t blk = a.block_tables[entry];
     if (blk < 0 || blk >= a.num_blocks) {  // clamp (and report) as the optimised kernels do
@@ -78,12 +80,18 @@ __global__ void NaivePagedAttentionKernel(const __grid_constant__ NaiveParams np
     for (int e = 0; e < D; ++e)
       dot += s_q[e] * load_elem(s.dtype, a.k_cache,
                                 math::k_offset(s.layout, blk, kv_head, tok, e, s.num_kv_heads, D, s.block_size, x));
-    const float logit = math::logit(dot, np.scale, slope, pos, len);
+    float logit = math::logit(dot, np.scale, slope, pos, len);
+    if (s.logit_softcap > 0.0f) logit = s.logit_softcap * tanhf(logit / s.logit_softcap);
     const float f = math::online_rescale(m, l, logit);
     const float w = math::exp_shifted(logit, m);
     l += w;
     acc = acc * f +
           w * load_elem(s.dtype, a.v_cache, math::v_offset(s.layout, blk, kv_head, tok, d, s.num_kv_heads, D, s.block_size));
+  }
+  if (a.sinks != nullptr && a.sinks[q_head] != math::neg_inf()) {
+    const float f = math::online_rescale(m, l, a.sinks[q_head]);
+    acc *= f;
+    l += math::exp_shifted(a.sinks[q_head], m);
   }
   store_elem(s.dtype, a.out, seq * np.out_stride + static_cast<int64_t>(q_head) * D + d, math::normalise(acc, l));
 }

@@ -242,7 +242,8 @@ __device__ __forceinline__ BlockHeads block_heads(const DecodeParams& p) {
 //   consume<kMasked>(sk, sv, tile_start, end)
 //                                    fold one tile (shared addresses of its K and V parts);
 //                                    kMasked only for the partition's last tile, the only one
-//                                    that can hold tokens at or past `end`;
+//                                    that can hold tokens at or past `end` (every tile masks
+//                                    positions before a window);
 //   finish(), write(p, seq, part)    merge what lanes keep, write V1 output or V2 partials.
 
 /// One warp per query head: q and the output accumulators in registers, per-row logits in
@@ -269,7 +270,10 @@ struct CudaCoreMath {
   float l;  // this lane's share until finish(); then the row's total
   float scale2;  // scale * log2(e): logits are kept in base 2 (decode_math.hpp)
   float slope2;  // ALiBi slope * log2(e)
+  float cap2;    // soft-cap in base 2; 0: off
+  float cap2_k;  // math::softcap2_k(cap2)
   int len;
+  int lo;  // the window's first position (0 without one): masked tiles mask what lies before it
   int j;  // lane within the row
   int z;  // row (token slice) within the warp
   // Byte offsets, inside a stage's K / V part, of this lane's first read (token z*NR, chunk j);
@@ -306,6 +310,9 @@ struct CudaCoreMath {
     j = lane % L;
     z = lane / L;
     len = seq_len;
+    lo = math::window_first(seq_len, p.window);
+    cap2 = p.cap2;
+    cap2_k = p.cap2_k;
     scale2 = p.scale * math::kLog2e;
     slope2 = (p.alibi_slopes != nullptr ? p.alibi_slopes[q_head] : 0.0f) * math::kLog2e;
     m = math::neg_inf();
@@ -324,7 +331,8 @@ struct CudaCoreMath {
   }
 
   /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state;
-  /// kMasked: tokens at or past `end` weigh 0. sk / sv: shared addresses of the stage's K and V
+  /// tokens before `lo` (the window) and, kMasked (the partition's last tile), at or past `end`
+  /// weigh 0. sk / sv: shared addresses of the stage's K and V
   /// parts (kStageAlign-aligned).
   template <bool kMasked>
   __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
@@ -371,7 +379,8 @@ struct CudaCoreMath {
     // the row, the online-softmax step (one -inf guard for the row), the weight.
     const int pos = tile_start + t0 + owner(j & (NR - 1));
     float s = math::logit2(dot[0], scale2, math::alibi_bias2(slope2, pos, len));
-    if (kMasked && pos >= end) s = math::neg_inf();
+    if (cap2 > 0.0f) s = math::softcap2(s, cap2, cap2_k);  // after scale and bias, before the masks
+    if ((kMasked && pos >= end) || pos < lo) s = math::neg_inf();
     float tile_max = s;
 #pragma unroll
     for (int o = 1; o < NR; o *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, o));
@@ -427,8 +436,8 @@ struct CudaCoreMath {
   __device__ __forceinline__ void accumulate(dev::SmemAddr) {}
 
   /// Sums l over the row and merges the warp's Z slices (fixed butterfly: deterministic). Every
-  /// lane then holds the head's state for its chunks.
-  __device__ __forceinline__ void finish() {
+  /// lane then holds the head's state for its chunks; V1 adds the head's sink to l.
+  __device__ __forceinline__ void finish(const DecodeParams& p) {
 #pragma unroll
     for (int o = 1; o < NR; o *= 2) l += __shfl_xor_sync(kFullMask, l, o);
 #pragma unroll
@@ -446,6 +455,8 @@ struct CudaCoreMath {
         }
       m = mf.m;
     }
+    // NOTE(graph): the sink is read from memory. V2's partials leave it to the merge.
+    if (!p.write_partials && p.sinks != nullptr) l += math::sink_weight2(__ldg(p.sinks + warp_head(p)), m);
   }
 
   /// Slice 0 writes: V1 the normalised output row, V2 the partial (m, l, acc / l).
@@ -529,10 +540,17 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   int len = p.seq_lens[seq];
   len = len < p.max_seq_len ? len : p.max_seq_len;  // never read past the block table row
   if (len <= 0) return;
-  const int64_t start64 = static_cast<int64_t>(part) * p.partition_size;
+  // A window's partitions start at its first block: blocks before it are never read (neither table
+  // entry nor data), and the block's positions before the window are masked (`first`).
+  const int first = math::window_first(len, p.window);
+  const int64_t start64 = math::window_origin(len, p.window, p.block_size) + static_cast<int64_t>(part) * p.partition_size;
   if (start64 >= len) return;
-  const int start = static_cast<int>(start64);
   const int end = static_cast<int>(start64 + p.partition_size < len ? start64 + p.partition_size : len);
+  // Tiles wholly before the window (tiles shorter than a block) are skipped: at most one tile then
+  // holds positions before `first`, so the masked lead is one step, not a loop beside the main one.
+  // NTOK-aligned inside the block, as every tile start is when a tile is shorter than a block.
+  int start = static_cast<int>(start64);
+  if (first > start) start += (first - start) / NTOK * NTOK;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
@@ -597,12 +615,15 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
     dev::cp_async_wait<S - 2>();  // tile 0
     __syncthreads();
   }
+  // Only the last tile masks what lies past `end`. Every tile masks positions before the window
+  // (one compare and select per logit; only partition 0's first tile has any): a separate masked
+  // lead step cost registers (spills) and code for less than that.
   for (int t = 0; t < ntiles - 1; ++t) step(t, std::false_type{});
   step(ntiles - 1, std::true_type{});
   TileLoader<KV, D, kLayout, P>::report_bad_block(p, seq, bad);
 
   if (!active) return;  // no barrier below
-  math.finish();
+  math.finish(p);
   math.write(p, seq, part);
 }
 

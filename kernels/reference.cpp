@@ -3,7 +3,10 @@
 // (no decode_math.hpp, no host implementation): it is the yardstick for both.
 //
 // For each (sequence, query head): gather K/V token by token through the block table, logits
-// s_t = scale * q.k_t + slope * (t - len + 1), softmax in double with max subtraction, out = sum p_t v_t.
+// s_t = scale * q.k_t + slope * (t - len + 1), soft-capped s_t -> c * tanh(s_t / c) when c > 0, over
+// t in (len - 1 - W, len - 1] with a sliding window W (else every t < len); softmax in double with
+// max subtraction, the sink sigma (raw) in the max and the denominator only: out = sum p_t v_t.
+// Block-table entries and blocks holding no attended position are never read.
 // fp8 caches: k = value(code) * k_scale, v = value(code) * v_scale in double, the code's value
 // spelled out from its bit fields here (types.hpp's formats).
 #include <algorithm>
@@ -75,7 +78,9 @@ void paged_attention(const DecodeArgs& args, double* out64) {
             "0 .. max_seq_len = 0 .. " + std::to_string(args.max_seq_len));
     if (len == 0) continue;  // padded row: output untouched
     const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.block_table_stride;
-    for (int j = 0; j < (len + bs - 1) / bs; ++j)
+    // Attended positions [first, len): the window (len - 1 - W, len - 1], or all of them.
+    const int first = s.sliding_window > 0 && len > s.sliding_window ? len - s.sliding_window : 0;
+    for (int j = first / bs; j < (len + bs - 1) / bs; ++j)
       require(table[j] >= 0 && table[j] < args.num_blocks,
               "block_tables[" + std::to_string(seq) + "][" + std::to_string(j) + "]", table[j],
               "0 .. num_blocks - 1 = 0 .. " + std::to_string(args.num_blocks - 1));
@@ -88,24 +93,30 @@ void paged_attention(const DecodeArgs& args, double* out64) {
       for (int d = 0; d < hs; ++d) q[d] = load_as_float(s.dtype, args.q, seq * q_row + int64_t{h} * hs + d);
       const int64_t row = (static_cast<int64_t>(seq) * s.num_q_heads + h) * hs;  // of out64 (packed)
       const double slope = args.alibi_slopes ? double(args.alibi_slopes[h]) : 0.0;
+      const double cap = s.logit_softcap;
+      const double sink = args.sinks ? double(args.sinks[h]) : -INFINITY;
+      require(!std::isnan(sink) && sink != INFINITY, "sinks[" + std::to_string(h) + "]", sink,
+              "a finite raw logit or -inf (no sink for that head)");
 
-      double mx = -INFINITY;
-      for (int t = 0; t < len; ++t) {
+      double mx = sink;  // -inf without a sink
+      for (int t = first; t < len; ++t) {
         const int64_t block = table[t / bs];
         double dot = 0.0;
         for (int d = 0; d < hs; ++d)
           dot += q[d] * cache_value(s, args.k_cache, ci.k(block, kvh, t % bs, d), args.k_scale, kvh);
-        logits[t] = dot * scale + slope * double(t - len + 1);
+        double x = dot * scale + slope * double(t - len + 1);
+        if (cap > 0.0) x = cap * std::tanh(x / cap);
+        logits[t] = x;
         mx = std::max(mx, logits[t]);
       }
-      double sum = 0.0;
-      for (int t = 0; t < len; ++t) {
+      double sum = sink == -INFINITY ? 0.0 : std::exp(sink - mx);
+      for (int t = first; t < len; ++t) {
         logits[t] = std::exp(logits[t] - mx);
         sum += logits[t];
       }
       double* o = out64 + row;
       std::fill(o, o + hs, 0.0);
-      for (int t = 0; t < len; ++t) {
+      for (int t = first; t < len; ++t) {
         const int64_t block = table[t / bs];
         const double p = logits[t] / sum;
         for (int d = 0; d < hs; ++d)

@@ -89,6 +89,9 @@ struct TensorCoreMath {
   float scale2;         // scale * log2(e) (fp8: * k_scale * 2^-s of the owned row)
   float vscale;         // fp8: v_scale of the block's KV head (1 otherwise)
   float slope2;         // ALiBi slope * log2(e) of the owned row (0 for padded rows)
+  float cap2;           // soft-cap in base 2; 0: off
+  float cap2_k;         // math::softcap2_k(cap2)
+  int lo;               // the window's first position (0 without one): masked tiles mask before it
   int pos_off;          // the owned pairs' first token in the tile, minus seq_len - 1 (ALiBi)
   int s_off;            // float2 index of the owned row's first pair in the score buffer
   int w_off;            // word index of its first pair in the weight buffer
@@ -179,6 +182,9 @@ struct TensorCoreMath {
     const int t = lane & 3;
     const Rows r = rows(p);
     scale2 = p.scale * math::kLog2e;
+    cap2 = p.cap2;
+    cap2_k = p.cap2_k;
+    lo = math::window_first(seq_len, p.window);
     vscale = 1.0f;
     const int row = owned_row(warp, lane);
     slope2 = p.alibi_slopes != nullptr && row < r.count ? p.alibi_slopes[r.head0 + row] * math::kLog2e : 0.0f;
@@ -245,13 +251,12 @@ struct TensorCoreMath {
     }
   }
 
-  /// The base-2 logit of one owned token: pos = its position, bias = its ALiBi term. The one place
-  /// a logit is formed and masked (kMasked: the partition's last tile, the only one that can reach
-  /// past `end`); a per-logit transform (soft-cap) or another mask (a window) goes here.
+  /// A logit of the owned token at `pos`, masked: before `lo` (the window) in every tile, at or past
+  /// `end` only kMasked (the partition's last tile, the only one reaching it). Logits are formed
+  /// (math::logit2) and soft-capped (after scale and bias, before the masks) in consume.
   template <bool kMasked>
-  __device__ __forceinline__ float logit(float dot, float bias, int pos, int end) const {
-    const float s = math::logit2(dot, scale2, bias);
-    return kMasked && pos >= end ? math::neg_inf() : s;
+  __device__ __forceinline__ float mask(float s, int pos, int end) const {
+    return (kMasked && pos >= end) || pos < lo ? math::neg_inf() : s;
   }
 
   /// First half of a tile [tile_start, tile_start + NTOK) (tokens at or past `end` masked when
@@ -303,9 +308,19 @@ struct TensorCoreMath {
         v.x += o.x;
         v.y += o.y;
       }
-      sc[2 * i] = logit<kMasked>(v.x, bias0 + slope2 * static_cast<float>(2 * i), pos0 + 2 * i, end);
-      sc[2 * i + 1] = logit<kMasked>(v.y, bias0 + slope2 * static_cast<float>(2 * i + 1), pos0 + 2 * i + 1, end);
-      mx = fmaxf(mx, fmaxf(sc[2 * i], sc[2 * i + 1]));
+      sc[2 * i] = math::logit2(v.x, scale2, bias0 + slope2 * static_cast<float>(2 * i));
+      sc[2 * i + 1] = math::logit2(v.y, scale2, bias0 + slope2 * static_cast<float>(2 * i + 1));
+    }
+    // One uniform branch for all of the thread's logits, so that a layer without a cap skips the
+    // whole block (per logit, ptxas predicated it and the uncapped loop paid for it).
+    if (cap2 > 0.0f) {
+#pragma unroll
+      for (int i = 0; i < 2 * PPL; ++i) sc[i] = math::softcap2(sc[i], cap2, cap2_k);
+    }
+#pragma unroll
+    for (int i = 0; i < 2 * PPL; ++i) {
+      sc[i] = mask<kMasked>(sc[i], pos0 + i, end);
+      mx = fmaxf(mx, sc[i]);
     }
 #pragma unroll
     for (int o = 1; o < LPR; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, o));
@@ -437,7 +452,26 @@ struct TensorCoreMath {
   }
 
   /// Nothing left to merge: every lane holds l of rows g, g + 8 (lsum), the owners the rows' max.
-  __device__ __forceinline__ void finish() {}
+  /// V1 with sinks: each row's sink joins lsum on the weights' scale, 2^(sink log2(e) - (m - kShift));
+  /// the owners publish m through the factors buffer (two block barriers, block-uniform: every
+  /// warp takes part).
+  __device__ __forceinline__ void finish(const DecodeParams& p) {
+    if (p.write_partials || p.sinks == nullptr) return;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    const int row = owned_row(warp, lane);
+    __syncthreads();  // every warp has read the last tile's factors
+    if ((P::kSoftmaxLanes == 32 || lane < P::kSoftmaxLanes) && lane % LPR == 0)
+      reinterpret_cast<float*>(factors())[2 * (row % 8) + row / 8] = m;
+    __syncthreads();
+    const float2 mr = factors()[lane >> 2];  // the maxima of rows g, g + 8
+    const Rows r = rows(p);
+    // NOTE(graph): the sinks are read from memory.
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if ((lane >> 2) + 8 * h < r.count)
+        lsum[h] += math::sink_weight2(__ldg(p.sinks + r.head0 + (lane >> 2) + 8 * h), (h ? mr.y : mr.x) - kShift);
+  }
 
   /// An output value: acc / l (fp8: times v_scale).
   __device__ __forceinline__ float out_value(float a, float l) const {

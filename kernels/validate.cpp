@@ -9,6 +9,7 @@
 #include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
 #include "kernels/append_report.hpp"
+#include "kernels/decode_math.hpp"
 #include "kernels/validate.hpp"
 
 namespace decodegraph {
@@ -63,6 +64,13 @@ void detail::check_host_scales(const AttentionSpec& s, const float* k_scale, con
                 "a finite value > 0 (K = code * k_scale, V = code * v_scale)");
 }
 
+void detail::check_host_sinks(const AttentionSpec& s, const float* sinks) {
+  if (sinks == nullptr) return;
+  for (int h = 0; h < s.num_q_heads; ++h)
+    require(!std::isnan(sinks[h]) && sinks[h] != INFINITY, "sinks[" + std::to_string(h) + "]", sinks[h],
+            "a finite raw logit or -inf (no sink for that head)");
+}
+
 void validate_partition_size(const AttentionSpec& spec, int partition_size) {
   require(partition_size > 0 && spec.block_size > 0 && partition_size % spec.block_size == 0,
           "partition_size", partition_size,
@@ -92,6 +100,7 @@ void validate_decode_args(const DecodeArgs& a) {
   require_ptr(a.block_tables, "block_tables", alignof(int32_t));
   require_ptr(a.seq_lens, "seq_lens", alignof(int32_t));
   if (a.alibi_slopes != nullptr) require_ptr(a.alibi_slopes, "alibi_slopes", alignof(float));
+  if (a.sinks != nullptr) require_ptr(a.sinks, "sinks", alignof(float));
   require_scales(s, a.k_scale, a.v_scale);
 
   if (a.bad_block != nullptr) require_ptr(a.bad_block, "bad_block", alignof(int));
@@ -106,13 +115,14 @@ void validate_decode_args(const DecodeArgs& a) {
     }
   }
   if (a.host_block_tables != nullptr) {
-    // Only the entries a length uses; without host lengths, those max_seq_len would use.
+    // Only the entries a length uses (a window's from its first block on: those before it may hold
+    // any id); without host lengths, those max_seq_len would use.
     const std::string allowed = "0 .. num_blocks - 1 = 0 .. " + std::to_string(a.num_blocks - 1);
     for (int i = 0; i < a.num_seqs; ++i) {
       const int len = a.host_seq_lens != nullptr ? a.host_seq_lens[i] : a.max_seq_len;
       const int used = num_partitions(len, s.block_size);
       const int32_t* row = a.host_block_tables + static_cast<int64_t>(i) * a.block_table_stride;
-      for (int j = 0; j < used; ++j) {
+      for (int j = math::window_origin(len, s.sliding_window, s.block_size) / s.block_size; j < used; ++j) {
         require(row[j] >= 0 && row[j] < a.num_blocks,
                 "block_tables[" + std::to_string(i) + "][" + std::to_string(j) + "]", row[j],
                 allowed);
@@ -128,7 +138,8 @@ V2WorkspaceLayout v2_workspace_layout(const AttentionSpec& spec, int num_seqs, i
   require(max_seq_len > 0, "max_seq_len", max_seq_len, "a positive integer");
   validate_partition_size(spec, partition_size);
   V2WorkspaceLayout w;
-  w.max_partitions = num_partitions(max_seq_len, partition_size);
+  w.max_partitions =
+      num_partitions(math::window_read_max(max_seq_len, spec.sliding_window, spec.block_size), partition_size);
   const std::size_t rows = static_cast<std::size_t>(num_seqs) *
                            static_cast<std::size_t>(spec.num_q_heads) *
                            static_cast<std::size_t>(w.max_partitions);

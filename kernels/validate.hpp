@@ -18,6 +18,9 @@ V2WorkspaceLayout validate_v2_args(const DecodeArgs& args, int partition_size, c
 /// fp8 caches: every value behind k_scale and v_scale (host pointers, spec.kv_scale_count() each) is
 /// finite and > 0, else InvalidArgument naming it. Nothing for kv_dtype auto.
 void check_host_scales(const AttentionSpec& spec, const float* k_scale, const float* v_scale);
+/// Attention sinks (host pointer, spec.num_q_heads values, or null): each a finite logit or -inf,
+/// else InvalidArgument naming it.
+void check_host_sinks(const AttentionSpec& spec, const float* sinks);
 /// Throws InvalidArgument naming `param` unless `slot` is the slot of position len - 1 under `row`
 /// (kernels/append_report.hpp position_slot), and that position's block id (naming the entry)
 /// unless it is in [0, num_blocks); `row_name` names the row in the message ("block_tables[3]").

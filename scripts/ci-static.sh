@@ -6,7 +6,8 @@
 #   3. pass 1 for bf16, head 128, GQA 4 executes at most 0.15 warp-instructions per K+V byte in both
 #      layouts (the tensor-core math with its precise hi / lo weights), and for fp8 caches (E4M3 and
 #      E5M2, head 128, GQA 4, both layouts) at most 0.30 (two values a byte);
-#   4. the report's probe launched every kernel (so 1-3 could be checked).
+#   4. a main loop with its logit soft-cap block is at most 1.10x the same loop without it;
+#   5. the report's probe launched every kernel (so 1-4 could be checked).
 # A regression guard read off the SASS, not a performance claim (docs/kernel-report.md).
 # Before the guard, scripts/kernel_report/selftest.py checks the report on two fixture kernels (one
 # shaped like the coming pass-1 kernel, one the guard must reject).

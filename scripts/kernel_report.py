@@ -53,6 +53,9 @@ GUARD_MAX_INSTR_PER_BYTE = 0.15  # bf16, head 128, GQA 4, both layouts (issue 19
 # the math per byte; the floor to pass, not the goal (~0.20 reaches 4.3 TB/s at 80 % issue).
 GUARD_MAX_FP8_INSTR_PER_BYTE = 0.30
 FP8_DTYPES = ("fp8e4m3", "fp8e5m2")
+# A logit soft-cap's run-time path (issue 17): the capped main loop at most 10 % above the uncapped
+# path of the same instantiation (softcap_blocks).
+GUARD_MAX_SOFTCAP_RATIO = 1.10
 DEFINES: list[str] = []  # --define NAME[=VALUE]: extra -D for nvcc and the probe (variants, e.g. the rounded P.V weights)
 MIX_KEYS = ["ldgsts", "ldg", "sts16", "sts32", "sts64", "sts128", "lds", "shfl", "hmma", "bar"]
 
@@ -627,6 +630,7 @@ class Row:
     loops: list[LoopReport]
     kv_loaded: float | None  # bytes the main loop's 16-byte loads bring per iteration (all warps)
     note: str = ""
+    per_byte_nocap: float | None = None  # per_byte on the path of a layer without a soft-cap
 
     def json(self) -> dict:
         return {
@@ -636,18 +640,41 @@ class Row:
             "smem_dynamic": self.smem_dynamic, "blocks_per_sm": self.blocks,
             "main_loop": {k: num(self.mix.get(k, 0)) for k in MIX_KEYS},
             "warp_instr_per_kv_byte": num(self.per_byte, 3),
+            "warp_instr_per_kv_byte_nocap": num(self.per_byte_nocap, 3),
         }
+
+
+def softcap_blocks(f: Function, lp: Loop) -> int:
+    """Instructions of lp's body a layer without a logit soft-cap skips: blocks under a forward branch
+    of the loop's own body that hold a MUFU.RCP (the cap's 1 / (2^x + 1); nothing else in a pass-1
+    main loop takes a reciprocal) and no load, store, barrier, mma or branch. Counted straight-line,
+    they would charge the cap to every layer (kernels/decode_math.hpp, softcap2)."""
+    inner = set()
+    for c in lp.children:
+        inner.update(range(c.start, c.end + 1))
+    skipped = 0
+    for i in range(lp.start, lp.end + 1):
+        ins = f.instrs[i]
+        t = branch_target(f, ins)
+        if i in inner or not ins.pred or t is None or not (i < t <= lp.end):
+            continue
+        block = f.instrs[i + 1:t]
+        if any(b.op == "MUFU.RCP" for b in block) and not any(
+                b.base in ("LDGSTS", "LDG", "STS", "LDS", "LDSM", "BAR", "HMMA", "BRA", "SHFL") for b in block) \
+                and not inner.intersection(range(i + 1, t)):
+            skipped += t - (i + 1)
+    return skipped
 
 
 def analyse(func: Function, threads: int | None, row_tokens: int | None):
     tops = find_loops(func)
     ml = main_loop_of(func, tops)
     if ml is None:
-        return None, {}, [], "no loop with global loads"
+        return None, {}, [], "no loop with global loads", None
     reports: list[LoopReport] = []
     n, mix = analyse_loop(func, ml, threads, row_tokens, 0, reports, 1,
                           "main loop: per tile" if row_tokens is not None else "main loop: per iteration")
-    return n, mix, reports, ""
+    return n, mix, reports, "", (None if n is None else n - softcap_blocks(func, ml))
 
 
 def build_rows(units: list[Unit], sass: dict[str, Function], res: dict[str, dict], ptxas: dict[str, dict],
@@ -680,18 +707,20 @@ def build_rows(units: list[Unit], sass: dict[str, Function], res: dict[str, dict
         key = (mangled, threads, row_tokens)
         if key not in cache:
             cache[key] = analyse(sass[mangled], threads, row_tokens)
-        n, mix, reports, note = cache[key]
+        n, mix, reports, note, n_nocap = cache[key]
         dyn = la["dynamic_smem"] if la else 0
         blocks = blocks_per_sm(threads, resources["registers"], resources["smem_static"] + dyn) if threads else None
         kv = la.get("kv_tile_bytes") if la else None
         per_byte = n * ((threads + 31) // 32) / kv if (n is not None and kv and threads) else None
+        per_byte_nocap = n_nocap * ((threads + 31) // 32) / kv if (n_nocap is not None and kv and threads) else None
         loaded = None
         if reports and threads and n is not None:
             loaded = 16 * 32 * ((threads + 31) // 32) * loads16(sass[mangled], reports)
         rows.append(Row(la["family"] if la else "other", mangled, short_name(names[mangled]),
                         la.get("dtype") if la else None, la.get("head_size") if la else None,
                         la.get("group") if la else None, threads, resources, dyn, blocks, mix, n, kv, per_byte,
-                        reports, loaded, note if la else "not launched by the probe: no block size"))
+                        reports, loaded, note if la else "not launched by the probe: no block size",
+                        per_byte_nocap))
     return rows
 
 
@@ -719,7 +748,7 @@ def fmt(v, nd=2) -> str:
 
 COLUMNS = ["kernel", "G", "thr", "regs", "spill", "local", "smem", "dyn", "blk/SM", "occ%",
            "ldgsts", "ldg", "sts16", "sts32", "sts64", "sts128", "lds", "shfl", "hmma", "bar",
-           "instr/warp", "KV B", "instr/B"]
+           "instr/warp", "KV B", "instr/B", "nocap/B"]
 
 
 def row_cells(r: Row) -> list[str]:
@@ -729,7 +758,7 @@ def row_cells(r: Row) -> list[str]:
     return [r.kernel, fmt(r.group), fmt(r.threads), fmt(r.res["registers"]), fmt(r.res["spill_bytes"]),
             fmt(r.res["local_bytes"]), fmt(r.res["smem_static"]), fmt(r.smem_dynamic), fmt(r.blocks),
             fmt(occ, 0)] + [fmt(r.mix.get(k, 0) if r.mix else None, 1) for k in MIX_KEYS] + \
-        [fmt(r.instr_per_warp, 0), fmt(r.kv_tile_bytes), fmt(r.per_byte, 3)]
+        [fmt(r.instr_per_warp, 0), fmt(r.kv_tile_bytes), fmt(r.per_byte, 3), fmt(r.per_byte_nocap, 3)]
 
 
 def print_table(rows: list[Row], file=sys.stdout) -> None:
@@ -791,6 +820,10 @@ def guard(rows: list[Row]) -> list[str]:
             elif r.mix.get("sts8", 0):  # fp8 caches: no byte-wise stage writes either
                 fail(f"[no 1-byte shared stores] {r.kernel}: its main loop has STS.U8/STS.8 "
                      f"({fmt(r.mix['sts8'], 1)} per warp per tile at {r.threads} threads); allowed: none")
+        if r.family == "pass1" and r.per_byte and r.per_byte_nocap and \
+                r.per_byte > GUARD_MAX_SOFTCAP_RATIO * r.per_byte_nocap:
+            fail(f"[soft-cap path] {r.kernel}: {r.per_byte:.3f} warp-instructions per KV byte with the cap, "
+                 f"{r.per_byte_nocap:.3f} without; allowed: at most {GUARD_MAX_SOFTCAP_RATIO:.2f}x")
     for dtypes, limit, name in (({"bf16"}, GUARD_MAX_INSTR_PER_BYTE, "bf16"),
                                 (set(FP8_DTYPES), GUARD_MAX_FP8_INSTR_PER_BYTE, "fp8")):
         target = [r for r in rows if r.family == "pass1" and r.dtype in dtypes and r.head_size == 128 and r.group == 4]
@@ -894,7 +927,8 @@ def main() -> int:
             return 1
         print("\nguard: passed (no spills, no local memory, no 2-byte STS in pass-1 main loops, "
               f"bf16/128/GQA-4 at most {GUARD_MAX_INSTR_PER_BYTE:.2f} and fp8/128/GQA-4 at most "
-              f"{GUARD_MAX_FP8_INSTR_PER_BYTE:.2f} warp-instr per KV byte)")
+              f"{GUARD_MAX_FP8_INSTR_PER_BYTE:.2f} warp-instr per KV byte, soft-cap path at most "
+              f"{GUARD_MAX_SOFTCAP_RATIO:.2f}x the uncapped one)")
     return 0
 
 

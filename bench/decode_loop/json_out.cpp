@@ -23,6 +23,7 @@ json plan_json(const dg::BucketPlan& p) {
             {"graph_id", p.graph_id},
             {"band", p.band},
             {"design_len", p.design_len},
+            {"window", p.window},
             {"launch_len", p.launch_len},
             {"waves", p.waves},
             {"reason", dg::to_string(p.reason)},

@@ -61,7 +61,11 @@ void add_shape_options(CLI::App& app, Options& o) {
   for (const auto& p : dgbench::model_presets()) preset_names.push_back(p.name);
   app.add_option("--preset", o.preset,
                  "llama3-8b (32q/8kv), llama3-70b-tp8 (8q/1kv), mha (32q/32kv) [head 128, block 16, bf16]; "
-                 "small (8q/2kv, head 64, block 16, bf16)")
+                 "small (8q/2kv, head 64, block 16, bf16); gpt-oss-20b (openai/gpt-oss-20b config.json: 64q/8kv, "
+                 "head 64, window 128 on even layers, sinks), gemma-2-9b (google/gemma-2-9b config.json: 16q/8kv, "
+                 "head 256, window 4096 on even layers, soft-cap 50, scale 1/16), gemma-3-27b "
+                 "(google/gemma-3-27b-it config.json: 32q/16kv, head 128, window 1024 on 5 of 6 layers, scale "
+                 "168^-1/2)")
       ->check(CLI::IsMember(preset_names))
       ->group("shape");
   app.add_option("--q-heads", o.q_heads, "override the preset's query heads")->check(positive())->group("shape");

@@ -9,13 +9,23 @@ std::vector<PolicyRow> compare_policies(dg::ExecutorConfig cfg, int batch) {
   const std::vector<dg::BucketPlan> a = dg::plan_buckets(cfg);
   cfg.policy = dg::KernelPolicy::kThreshold;
   const std::vector<dg::BucketPlan> t = dg::plan_buckets(cfg);
+  // Each layer group's sliding window (its first layer's spec): a windowed group plans by min(L, W).
+  const std::vector<int> group_of = dg::layer_groups_of(cfg);
+  auto window_of = [&](int group) {
+    for (std::size_t l = 0; l < group_of.size(); ++l)
+      if (group_of[l] == group) return (cfg.layer_specs.empty() ? cfg.spec : cfg.layer_specs[l]).sliding_window;
+    return 0;
+  };
   std::vector<PolicyRow> rows;
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (a[i].batch != batch) continue;
     PolicyRow r{a[i], t[i], {}};
+    const int w = window_of(a[i].group);
     if (a[i].kernel == t[i].kernel && a[i].partition_size == t[i].partition_size)
-      r.why = a[i].band_hi > cfg.v2_threshold ? "same: above the threshold every policy runs V2 (the swap)"
-                                              : "same: V1 already fills the GPU";
+      r.why = w > 0 && w <= cfg.v2_threshold && a[i].band_hi > cfg.v2_threshold
+                  ? fmt::format("same: a {}-token window reads min(L, W) <= {} tokens: no swap", w, w)
+              : a[i].band_hi > cfg.v2_threshold ? "same: above the threshold every policy runs V2 (the swap)"
+                                                : "same: V1 already fills the GPU";
     else
       r.why = "differ: " + dg::describe_reason(a[i]);
     rows.push_back(std::move(r));
@@ -30,12 +40,18 @@ std::string kernel_label(const dg::BucketPlan& p) {
 }
 
 std::string policies_table(const std::vector<PolicyRow>& rows) {
-  constexpr const char* kRow = "{:<16} {:>10} {:>8}  {:>10} {:>8}  {}\n";
-  std::string s = fmt::format(kRow, "band", "kAuto", "live@lo", "kThreshold", "live@lo", "why");
+  constexpr const char* kRow = "{:<5} {:<16} {:>10} {:>8}  {:>10} {:>8}  {}\n";
+  bool groups = false;  // a group column only where layers differ
+  for (const PolicyRow& r : rows) groups = groups || r.automatic.group > 0;
+  auto row = [&](const std::string& group, auto&&... rest) {
+    std::string line = fmt::format(kRow, group, rest...);
+    return groups ? line : line.substr(6);
+  };
+  std::string s = row("group", "band", "kAuto", "live@lo", "kThreshold", "live@lo", "why");
   for (const PolicyRow& r : rows)
-    s += fmt::format(kRow, fmt::format("({}, {}]", r.automatic.band_lo, r.automatic.band_hi),
-                     kernel_label(r.automatic), r.automatic.live_blocks_at_band_lo, kernel_label(r.threshold),
-                     r.threshold.live_blocks_at_band_lo, r.why);
+    s += row(std::to_string(r.automatic.group), fmt::format("({}, {}]", r.automatic.band_lo, r.automatic.band_hi),
+             kernel_label(r.automatic), r.automatic.live_blocks_at_band_lo, kernel_label(r.threshold),
+             r.threshold.live_blocks_at_band_lo, r.why);
   return s;
 }
 

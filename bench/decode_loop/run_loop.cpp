@@ -34,6 +34,18 @@ Caches::Caches(const Setup& s) {
       }
     }
   }
+  std::vector<std::vector<float>> sink_values(static_cast<std::size_t>(s.opt.layers));  // alive until the sync
+  if (dgbench::find_preset(s.opt.preset)->sinks) {  // values like trained sinks: a few units, per head
+    for (int l = 0; l < s.opt.layers; ++l) {
+      std::vector<float>& sk = sink_values[static_cast<std::size_t>(l)];
+      sk.resize(static_cast<std::size_t>(s.layer_specs[static_cast<std::size_t>(l)].num_q_heads));
+      std::mt19937 rng(static_cast<unsigned>(s.opt.seed * 1000 + l));
+      std::uniform_real_distribution<float> u(-1.0f, 4.0f);
+      for (float& x : sk) x = u(rng);
+      sinks.emplace_back(s.gpu, sk.size() * sizeof(float));
+      ops.to_device_async(sinks.back().get(), sk.data(), sk.size() * sizeof(float));
+    }
+  }
   ops.sync_device();
 }
 
@@ -46,6 +58,7 @@ dg::ExecutorConfig run_config(const Setup& s, const Caches& caches) {
     lb.v_cache = caches.v[l].get();
     lb.k_scale = caches.k_scale_of(l);
     lb.v_scale = caches.v_scale_of(l);
+    lb.sinks = caches.sinks_of(l);
     lb.k_cache_bytes = lb.v_cache_bytes = s.geo.layer[l].cache_elems * s.geo.layer[l].kv_esize;  // the host backend cannot ask
     cfg.layers.push_back(lb);
   }
@@ -248,6 +261,7 @@ class DecodeLoop {
     a.seq_lens = lens;
     a.k_scale = caches_.k_scale_of(l);  // host memory on the host backend (the reference reads them)
     a.v_scale = caches_.v_scale_of(l);
+    a.sinks = caches_.sinks_of(l);
     return a;
   }
 

@@ -17,9 +17,11 @@ namespace dgloop {
 /// caches each layer's scales (dgbench::kFillKvScale, in the backend's memory).
 struct Caches {
   explicit Caches(const Setup& s);
-  std::vector<Buffer> k, v, eager_out, k_scale, v_scale;
+  std::vector<Buffer> k, v, eager_out, k_scale, v_scale, sinks;
   const float* k_scale_of(int l) const { return k_scale.empty() ? nullptr : static_cast<const float*>(k_scale[l].get()); }
   const float* v_scale_of(int l) const { return v_scale.empty() ? nullptr : static_cast<const float*>(v_scale[l].get()); }
+  /// The preset's attention sinks ([num_q_heads] fp32 per layer), or null.
+  const float* sinks_of(int l) const { return sinks.empty() ? nullptr : static_cast<const float*>(sinks[l].get()); }
 };
 
 /// The run's executor config: planning's (Setup::cfg) plus the caches and layers, the capture policy,

@@ -55,10 +55,13 @@ dg::AttentionSpec spec_of(const Options& o) {
   return spec;
 }
 
-/// Each layer's spec: `spec` in every layer. A preset whose layers differ (a later ModelPreset field,
-/// for the windowed models) varies it here, layer by layer; everything after reads layer_specs.
+/// Each layer's spec: `spec` with the preset's window on its local layers and its soft-cap
+/// (dgbench::layer_spec_of); everything after reads layer_specs.
 std::vector<dg::AttentionSpec> layer_specs_of(const Options& o, const dg::AttentionSpec& spec) {
-  return std::vector<dg::AttentionSpec>(static_cast<std::size_t>(o.layers), spec);
+  const dgbench::ModelPreset* preset = dgbench::find_preset(o.preset);
+  std::vector<dg::AttentionSpec> specs;
+  for (int l = 0; l < o.layers; ++l) specs.push_back(dgbench::layer_spec_of(*preset, spec, l));
+  return specs;
 }
 
 /// The longest length the run reaches, and the blocks of the segment that needs the most.

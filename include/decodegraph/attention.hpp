@@ -14,6 +14,13 @@
 //   k_scale, v_scale  fp32 [spec.kv_scale_count()] (1, or num_kv_heads): fp8 caches only (required
 //                 there, ignored for kv_dtype auto). K = float(code) * k_scale[h], V likewise; read
 //                 from memory when the kernels run (a graph replay sees the values written since).
+//   sinks         fp32 [num_q_heads] or null: attention sinks (gpt-oss), one raw logit per query
+//                 head (not scaled, not soft-capped) that enters the softmax denominator only:
+//                 o = sum_t e^(s_t - m) v_t / (e^(sink - m) + sum_t e^(s_t - m)); -inf = no sink.
+//                 Read from memory when the kernels run. In V2 it enters once, in the merge.
+// spec.sliding_window W > 0: each sequence attends its last W positions only; the kernels read
+// neither the block-table entries nor the cache blocks wholly before them (they may hold any id and
+// any bytes, NaN included). V2's partitions start at the window's first block.
 #pragma once
 
 #include <cstddef>
@@ -52,11 +59,15 @@ struct DecodeArgs {
   /// reference read them (host pointers) and reject a value that is not finite and > 0.
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
+  /// Attention sinks (header comment), [num_q_heads] raw fp32 logits, or null for none. The host
+  /// implementation and the reference read them (host pointers) and reject +inf and NaN.
+  const float* sinks = nullptr;
 
   /// Optional host copy of seq_lens. The CUDA launchers never read device memory on the host (they
   /// stay capturable), so per-length checks happen only when this is given.
   const int32_t* host_seq_lens = nullptr;
-  /// Optional host copy of block_tables, checked against num_blocks when given.
+  /// Optional host copy of block_tables, checked against num_blocks when given (only the entries the
+  /// kernels read: with a sliding window, from the window's first block on).
   const int32_t* host_block_tables = nullptr;
 
   /// Optional device int (CUDA launchers only; host:: and reference:: check ids and throw instead).
@@ -73,7 +84,9 @@ inline int num_partitions(int len, int partition_size) {
   return len <= 0 ? 0 : (len + partition_size - 1) / partition_size;
 }
 
-/// V2 workspace: fp32 partials for num_seqs x num_q_heads x max_partitions partitions:
+/// V2 workspace: fp32 partials for num_seqs x num_q_heads x max_partitions partitions, where
+/// max_partitions covers the tokens a sequence of max_seq_len reads (with a sliding window at most
+/// W + block_size - 1: the window and the part of its first block before it):
 /// max logits, exp sums and normalised partial outputs [.., head_size]. 256-byte aligned sub-buffers.
 struct V2WorkspaceLayout {
   int max_partitions = 0;

@@ -178,8 +178,11 @@ struct BucketPlan {
   /// are identical across bands and share a graph. Every bucket replaying a graph has band_hi <= it.
   int launch_len = 0;
   /// The length the partitions are sized for: band_lo; for the first band (band_lo 0),
-  /// max(1, band_hi / 2) (docs/planning.md says why).
+  /// max(1, band_hi / 2) (docs/planning.md says why). A windowed group's is at most its window.
   int design_len = 0;
+  /// The layer group's sliding window W (0: none). Its plans are for the min(L, W) tokens a step
+  /// reads, not the band's lengths: a short window runs V1 in every band.
+  int window = 0;
   int blocks = 0;                  // pass-1 blocks launched: grid_x * grid_y * grid_z
   int target_blocks = 0;           // resident pass-1 blocks of the device model
   int live_blocks_at_band_lo = 0;  // pass-1 blocks with work when every sequence has design_len tokens
@@ -249,6 +252,12 @@ struct LayerBuffers {
   /// too (attention.hpp). rebind_layers may point them elsewhere.
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
+  /// Attention sinks (gpt-oss): fp32 [num_q_heads of the layer's spec] raw logits, one per query
+  /// head, entering the softmax denominator only (attention.hpp, DecodeArgs::sinks); null = none
+  /// (-inf for one head is none for that head). Device memory (host memory on the host backend) the
+  /// caller owns and keeps in place; read each time the kernels run, so new values apply at the next
+  /// step with no recapture. rebind_layers may point them elsewhere.
+  const float* sinks = nullptr;
 };
 
 struct ExecutorConfig {

@@ -73,6 +73,14 @@ struct AttentionSpec {
   /// fp8 caches: k_scale / v_scale hold one fp32 value per KV head ([num_kv_heads], as vLLM and FA3
   /// allow) instead of one for the layer. Ignored for kAuto.
   bool kv_scale_per_head = false;
+  /// Sliding window W, the HF `sliding_window` / TensorRT-LLM convention: the query at position
+  /// p = L - 1 (L counting this step's token) attends positions t in (p - W, p], W tokens including
+  /// its own. 0 = no window. FlashInfer's and FA's `window_left` is W - 1. Blocks wholly before the
+  /// window are never read, neither their block-table entries nor their data.
+  int sliding_window = 0;
+  /// Logit soft-cap c: each logit s = scale * q.k (+ ALiBi bias) becomes c * tanh(s / c), before
+  /// any mask. 0 = off; otherwise finite and > 0.
+  float logit_softcap = 0.0f;
 
   /// scale, or 1/sqrt(head_size) when scale is 0.
   float effective_scale() const;
@@ -93,7 +101,7 @@ struct AttentionSpec {
 };
 
 /// Throws InvalidArgument for any unsupported value of the spec (head_size, block_size, heads,
-/// dtype, layout, kv_dtype and its pairing with dtype, scale).
+/// dtype, layout, kv_dtype and its pairing with dtype, scale, sliding_window, logit_softcap).
 void validate_spec(const AttentionSpec& spec);
 
 }  // namespace decodegraph

@@ -20,6 +20,9 @@ void check_legacy_args(const DecodeArgs& a) {
   require(a.q_stride == 0, "q_stride", a.q_stride, "0 (the legacy kernel reads contiguous q only)");
   require(a.out_stride == 0, "out_stride", a.out_stride, "0 (the legacy kernel writes contiguous out only)");
   require(a.bad_block == nullptr, "bad_block", "non-null", "null (the legacy kernel does not clamp block ids)");
+  require(a.spec.sliding_window == 0, "spec.sliding_window", a.spec.sliding_window, "0 (the legacy kernel has no window)");
+  require(a.spec.logit_softcap == 0.0f, "spec.logit_softcap", a.spec.logit_softcap, "0 (the legacy kernel has no soft-cap)");
+  require(a.sinks == nullptr, "sinks", "non-null", "null (the legacy kernel has no sinks)");
 }
 
 kernels::DecodeParams params(const DecodeArgs& a) {

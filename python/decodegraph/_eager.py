@@ -49,6 +49,9 @@ def paged_attention_v1(
     k_scale: Optional[Array] = None,
     v_scale: Optional[Array] = None,
     kv_cache_dtype: str = "auto",
+    sliding_window: int = 0,
+    logit_softcap: float = 0.0,
+    sinks: Optional[Array] = None,
     stream: Any = None,
 ) -> Array:
     """Single-pass paged decode attention (V1): ``out = softmax(scale * q K^T + alibi) V`` per
@@ -67,6 +70,11 @@ def paged_attention_v1(
             arrays' device, read when the kernels run.
         kv_cache_dtype: ``"auto"`` (the caches' own dtype), or ``"fp8"``, ``"fp8_e4m3"``,
             ``"fp8_e5m2"`` for uint8 caches of raw codes.
+        sliding_window: W (0: none), the Hugging Face convention: the query at p = len - 1 attends
+            (p - W, p] (FlashInfer / FA ``window_left`` = W - 1); blocks before the window are never read.
+        logit_softcap: c (0: off): each logit s becomes c * tanh(s / c), after scale and ALiBi.
+        sinks: float32 [num_q_heads] raw logits (attention sinks), or None: in the softmax
+            denominator only, read when the kernels run.
         stream: CUDA arrays only: an int cudaStream_t, a torch.cuda.Stream, or None (the legacy
             default stream). The call returns once the work is enqueued.
 
@@ -79,7 +87,8 @@ def paged_attention_v1(
     return _core.paged_attention_v1(
         out, q, k_cache, v_cache, block_tables, seq_lens,
         max_seq_len=max_seq_len, scale=scale, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
-        kv_cache_dtype=kv_cache_dtype, stream=stream,
+        kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window, logit_softcap=logit_softcap,
+        sinks=sinks, stream=stream,
     )
 
 
@@ -99,6 +108,9 @@ def paged_attention_v2(
     k_scale: Optional[Array] = None,
     v_scale: Optional[Array] = None,
     kv_cache_dtype: str = "auto",
+    sliding_window: int = 0,
+    logit_softcap: float = 0.0,
+    sinks: Optional[Array] = None,
     stream: Any = None,
 ) -> Array:
     """Two-pass paged decode attention (V2): pass 1 writes fp32 partials per partition of
@@ -117,7 +129,8 @@ def paged_attention_v2(
         out, q, k_cache, v_cache, block_tables, seq_lens,
         partition_size=partition_size, workspace=workspace, max_seq_len=max_seq_len,
         scale=scale, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
-        kv_cache_dtype=kv_cache_dtype, stream=stream,
+        kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window, logit_softcap=logit_softcap,
+        sinks=sinks, stream=stream,
     )
 
 

@@ -107,6 +107,12 @@ class AttentionSpec:
     ``dtype`` fp16 or bf16 and each layer's ``k_scale`` / ``v_scale`` (:class:`LayerBuffers`):
     K = code * k_scale, V = code * v_scale, with one scale per layer, or one per KV head when
     ``kv_scale_per_head``.
+
+    ``sliding_window`` W (0: none) is the Hugging Face convention: the query at position
+    p = L - 1 attends (p - W, p], W tokens including its own (FlashInfer / FA ``window_left`` is
+    W - 1); blocks wholly before the window are never read. ``logit_softcap`` c (0: off) maps each
+    logit s to c * tanh(s / c), after the scale and ALiBi, before masks. Attention sinks are a
+    per-layer array (:class:`LayerBuffers`).
     """
 
     num_q_heads: int = 32
@@ -118,6 +124,8 @@ class AttentionSpec:
     scale: float = 0.0
     kv_dtype: KVCacheDType = KVCacheDType.AUTO
     kv_scale_per_head: bool = False
+    sliding_window: int = 0
+    logit_softcap: float = 0.0
 
     def __post_init__(self) -> None:
         self.dtype = coerce_enum(DType, self.dtype, "spec.dtype")
@@ -198,6 +206,9 @@ class LayerBuffers:
       ``[spec.kv_scale_count]`` on the backend's memory (numpy on the host backend). The graphs read
       them at every replay: writing new values into these arrays changes the next step's output,
       with no recapture.
+    - ``sinks``: optional attention sinks (gpt-oss), float32 ``[num_q_heads]`` raw logits on the
+      backend's memory, in the softmax denominator only (-inf: none for that head); read at every
+      replay like the scales.
 
     The executor keeps every array given here alive, at a fixed address, until it is destroyed or
     ``rebind_layers`` replaces them.
@@ -211,6 +222,7 @@ class LayerBuffers:
     new_value: Any = None
     k_scale: Any = None
     v_scale: Any = None
+    sinks: Any = None
 
 
 @dataclass
@@ -331,6 +343,7 @@ class BucketPlan:
     workspace_bytes: int
     launch_len: int
     design_len: int
+    window: int
     blocks: int
     target_blocks: int
     live_blocks_at_band_lo: int

@@ -27,6 +27,8 @@ dg::AttentionSpec spec_from_py(nb::handle o) {
   s.scale = get<float>(o, "scale");
   s.kv_dtype = get<dg::KVCacheDType>(o, "kv_dtype");
   s.kv_scale_per_head = get<bool>(o, "kv_scale_per_head");
+  s.sliding_window = get<int>(o, "sliding_window");
+  s.logit_softcap = get<float>(o, "logit_softcap");
   return s;
 }
 
@@ -104,6 +106,7 @@ nb::dict to_py(const dg::BucketPlan& p) {
   d["workspace_bytes"] = p.workspace_bytes;
   d["launch_len"] = p.launch_len;
   d["design_len"] = p.design_len;
+  d["window"] = p.window;
   d["blocks"] = p.blocks;
   d["target_blocks"] = p.target_blocks;
   d["live_blocks_at_band_lo"] = p.live_blocks_at_band_lo;

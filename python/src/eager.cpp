@@ -130,13 +130,21 @@ void check_index(const Tensor& t, Elem elem, const std::vector<int64_t>& shape, 
 struct DecodeCall {
   dg::DecodeArgs args;
   Where where = Where::kHost;
-  Tensor out, q, k, v, tables, lens, alibi, k_scale, v_scale;
+  Tensor out, q, k, v, tables, lens, alibi, k_scale, v_scale, sinks;
+};
+
+// The attention variants of one eager call (issue 17): AttentionSpec's window and soft-cap, and
+// the sinks array (float32 [num_q_heads] or None).
+struct Variants {
+  int sliding_window = 0;
+  float logit_softcap = 0.0f;
+  nb::handle sinks;
 };
 
 std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle k_cache, nb::handle v_cache,
                                         nb::handle block_tables, nb::handle seq_lens, int max_seq_len,
                                         float scale, nb::handle alibi_slopes, nb::handle k_scale,
-                                        nb::handle v_scale, const std::string& kv_cache_dtype) {
+                                        nb::handle v_scale, const std::string& kv_cache_dtype, const Variants& var) {
   auto c = std::make_unique<DecodeCall>();
   c->q = import_tensor(q, "q", false);
   c->out = import_tensor(out, "out", true);
@@ -154,6 +162,8 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
                                         static_cast<int>(c->q.shape[2]));
   s.scale = scale;
   s.kv_dtype = kv_of(c->k, kv_cache_dtype);
+  s.sliding_window = var.sliding_window;
+  s.logit_softcap = var.logit_softcap;
   validate_inferred(s, c->q, c->k);
   import_scales(k_scale, v_scale, s, c->q, c->k_scale, c->v_scale);
   c->where = c->q.where;
@@ -191,6 +201,11 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
     check_index(c->alibi, Elem::kFp32, {s.num_q_heads}, "[num_q_heads] = [" + std::to_string(s.num_q_heads) + "]", c->q);
     a.alibi_slopes = static_cast<const float*>(c->alibi.data);
   }
+  if (!var.sinks.is_none()) {
+    c->sinks = import_tensor(var.sinks, "sinks", false);
+    check_index(c->sinks, Elem::kFp32, {s.num_q_heads}, "[num_q_heads] = [" + std::to_string(s.num_q_heads) + "]", c->q);
+    a.sinks = static_cast<const float*>(c->sinks.data);
+  }
   if (c->where == Where::kHost) {  // the host implementation checks every length and block id
     a.host_seq_lens = a.seq_lens;
     a.host_block_tables = a.block_tables;
@@ -201,9 +216,10 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
 nb::object paged_attention_v1(nb::handle out, nb::handle q, nb::handle k_cache, nb::handle v_cache,
                               nb::handle block_tables, nb::handle seq_lens, int max_seq_len, float scale,
                               nb::handle alibi_slopes, nb::handle k_scale, nb::handle v_scale,
-                              const std::string& kv_cache_dtype, nb::handle stream) {
+                              const std::string& kv_cache_dtype, int sliding_window, float logit_softcap,
+                              nb::handle sinks, nb::handle stream) {
   auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes, k_scale,
-                       v_scale, kv_cache_dtype);
+                       v_scale, kv_cache_dtype, Variants{sliding_window, logit_softcap, sinks});
   const dg::Stream s = stream_from_py(stream);
   {
     nb::gil_scoped_release nogil;
@@ -217,9 +233,9 @@ nb::object paged_attention_v2(nb::handle out, nb::handle q, nb::handle k_cache, 
                               nb::handle block_tables, nb::handle seq_lens, int partition_size,
                               nb::handle workspace, int max_seq_len, float scale, nb::handle alibi_slopes,
                               nb::handle k_scale, nb::handle v_scale, const std::string& kv_cache_dtype,
-                              nb::handle stream) {
+                              int sliding_window, float logit_softcap, nb::handle sinks, nb::handle stream) {
   auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes, k_scale,
-                       v_scale, kv_cache_dtype);
+                       v_scale, kv_cache_dtype, Variants{sliding_window, logit_softcap, sinks});
   const dg::DecodeArgs& a = c->args;
   dg::validate_partition_size(a.spec, partition_size);
   const std::size_t need = dg::v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, partition_size);
@@ -309,12 +325,14 @@ void bind_eager(nb::module_& m) {
   m.def("paged_attention_v1", &paged_attention_v1, "out"_a.none(), "q"_a.none(), "k_cache"_a.none(),
         "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "max_seq_len"_a = 0,
         "scale"_a = 0.0f, "alibi_slopes"_a.none() = nb::none(), "k_scale"_a.none() = nb::none(),
-        "v_scale"_a.none() = nb::none(), "kv_cache_dtype"_a = "auto", "stream"_a.none() = nb::none());
+        "v_scale"_a.none() = nb::none(), "kv_cache_dtype"_a = "auto", "sliding_window"_a = 0,
+        "logit_softcap"_a = 0.0f, "sinks"_a.none() = nb::none(), "stream"_a.none() = nb::none());
   m.def("paged_attention_v2", &paged_attention_v2, "out"_a.none(), "q"_a.none(), "k_cache"_a.none(),
         "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "partition_size"_a,
         "workspace"_a.none() = nb::none(), "max_seq_len"_a = 0, "scale"_a = 0.0f,
         "alibi_slopes"_a.none() = nb::none(), "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(),
-        "kv_cache_dtype"_a = "auto", "stream"_a.none() = nb::none());
+        "kv_cache_dtype"_a = "auto", "sliding_window"_a = 0, "logit_softcap"_a = 0.0f,
+        "sinks"_a.none() = nb::none(), "stream"_a.none() = nb::none());
   m.def("append_kv", &append_kv, "key"_a.none(), "value"_a.none(), "k_cache"_a.none(), "v_cache"_a.none(),
         "slot_mapping"_a.none(), nb::kw_only(), "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(),
         "kv_cache_dtype"_a = "auto", "stream"_a.none() = nb::none());

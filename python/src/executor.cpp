@@ -52,6 +52,7 @@ struct PyCallable {
 struct LayerKeep {
   Tensor k_cache, v_cache;
   std::optional<Tensor> k_scale, v_scale;  // fp8 caches
+  std::optional<Tensor> sinks;             // attention sinks
   std::optional<Tensor> q, out, new_key, new_value;
   nb::object q_obj, out_obj, new_key_obj, new_value_obj;
 };
@@ -322,6 +323,17 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
         *ptr = static_cast<const float*>(t.data);
         *slot = std::move(t);
       }
+    }
+
+    // Attention sinks: float32 [num_q_heads], read at every replay.
+    if (nb::object o = layer.attr("sinks"); !o.is_none()) {
+      Tensor t = import_tensor(o, pre + "sinks", false);
+      require_elem(t, Elem::kFp32, "");
+      require_where(t, where_, device_id_, why);
+      require_shape(t, {s.num_q_heads}, "[" + std::to_string(s.num_q_heads) + "] float32 (num_q_heads)");
+      require_contiguous(t);
+      lb.sinks = static_cast<const float*>(t.data);
+      k.sinks = std::move(t);
     }
 
     // Optional row buffers: [rows >= max_batch, heads, head_size] (or 2-D), rows may be strided.

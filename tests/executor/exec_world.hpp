@@ -91,6 +91,7 @@ struct World {
   int stride = 0;  // block-table row width of the caller's tables
   std::vector<Buffer> k, v;
   std::vector<std::vector<float>> k_scales, v_scales;  // fp8: [layer][spec.kv_scale_count()]
+  std::vector<std::vector<float>> sinks;  // [layer][num_q_heads], or empty for none (set_sinks)
   std::mt19937_64 rng;
 
   // Current step inputs.
@@ -115,6 +116,7 @@ struct World {
       v.emplace_back(elems * ls.kv_elem_size());
       k_scales.emplace_back();
       v_scales.emplace_back();
+      sinks.emplace_back();
       if (ls.fp8_kv()) {
         // Values in [-1, 1) as codes at scale 1/64 (K) and 1/128 (V): codes up to 64 / 128.
         k_scales.back().assign(ls.kv_scale_count(), 1.0f / 64);
@@ -150,6 +152,7 @@ struct World {
         lb.k_scale = k_scales[l].data();
         lb.v_scale = v_scales[l].data();
       }
+      if (!sinks[l].empty()) lb.sinks = sinks[l].data();
       lb.k_cache_bytes = k[l].bytes;  // the host backend cannot ask for an allocation's size
       lb.v_cache_bytes = v[l].bytes;
       c.layers.push_back(lb);
@@ -175,6 +178,51 @@ struct World {
       const int pos = lens[i] - 1;
       slots[i] = static_cast<int64_t>(seq_blocks[i][pos / spec.block_size]) * spec.block_size +
                  pos % spec.block_size;
+    }
+  }
+
+  /// Random attention sinks in [lo, hi) for every layer (call before config()).
+  void set_sinks(float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    for (int l = 0; l < num_layers; ++l) {
+      sinks[l].resize(static_cast<std::size_t>(specs[l].num_q_heads));
+      for (float& x : sinks[l]) x = u(rng);
+    }
+  }
+
+  /// A sliding window's freed blocks in layer l's caches, for the current lengths: NaN in K and V
+  /// of every block wholly before sequence i's window (positions < len - W). Their table entries
+  /// stay valid (layers without a window, sharing the tables, still read them). Lengths must not
+  /// shrink afterwards (a window moving back would read the NaN).
+  void poison_outside_window(int l) {
+    const AttentionSpec& s = specs[l];
+    if (s.sliding_window == 0) return;
+    const std::size_t elems = s.block_elems();
+    for (std::size_t i = 0; i < lens.size(); ++i) {
+      const int first = lens[i] > s.sliding_window ? lens[i] - s.sliding_window : 0;
+      for (int j = 0; j < first / s.block_size; ++j) {
+        const std::size_t base = static_cast<std::size_t>(seq_blocks[i][j]) * elems;
+        for (Buffer* b : {&k[l], &v[l]}) {
+          if (s.fp8_kv()) std::memset(static_cast<uint8_t*>(b->data()) + base, 0x7f, elems);  // NaN codes
+          else
+            for (std::size_t e = 0; e < elems; ++e) store_from_float(s.dtype, b->data(), base + e, NAN);
+        }
+      }
+    }
+  }
+  /// Every table entry before the first block that any layer's window reads (the widest window's)
+  /// becomes an invalid id, as vLLM points freed blocks at a null block: only when every layer has
+  /// a window.
+  void free_entries_outside_windows() {
+    int widest = 0;
+    for (const AttentionSpec& s : specs) {
+      if (s.sliding_window == 0) return;
+      widest = std::max(widest, s.sliding_window);
+    }
+    for (std::size_t i = 0; i < lens.size(); ++i) {
+      const int first = lens[i] > widest ? lens[i] - widest : 0;
+      for (int j = 0; j < first / spec.block_size; ++j)
+        tables[i * stride + j] = j % 2 ? -1 : num_blocks + 99;
     }
   }
 
@@ -222,6 +270,7 @@ struct World {
     a.block_tables = tables.data();
     a.seq_lens = lens.data();
     a.alibi_slopes = alibi;
+    if (!sinks[l].empty()) a.sinks = sinks[l].data();
     if (specs[l].fp8_kv()) {
       a.k_scale = k_scales[l].data();
       a.v_scale = v_scales[l].data();

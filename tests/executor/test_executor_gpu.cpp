@@ -169,6 +169,7 @@ struct GpuWorld {
   World w;
   std::vector<std::unique_ptr<DevBuf>> k, v;
   std::vector<std::unique_ptr<DevBuf>> k_scale, v_scale;  // fp8: device copies of w's scales
+  std::vector<std::unique_ptr<DevBuf>> sinks;             // device copies of w's sinks (upload_sinks)
   GpuWorld(AttentionSpec s, int layers, int max_seqs, int max_len, uint64_t seed)
       : GpuWorld(std::vector<AttentionSpec>(static_cast<std::size_t>(layers), s), max_seqs, max_len, seed) {}
   /// One spec per layer (ExecutorConfig::layer_specs where they differ).
@@ -192,11 +193,25 @@ struct GpuWorld {
       upload(v_scale[l]->p, w.v_scales[l].data(), w.v_scales[l].size() * sizeof(float));
     }
   }
+  /// w's sinks (World::set_sinks) into device buffers, and w's caches of layer l again (after
+  /// World::poison_outside_window).
+  void upload_sinks() {
+    sinks.clear();
+    for (int l = 0; l < w.num_layers; ++l) {
+      sinks.push_back(std::make_unique<DevBuf>(std::max<std::size_t>(w.sinks[l].size(), 1) * sizeof(float)));
+      if (!w.sinks[l].empty()) upload(sinks.back()->p, w.sinks[l].data(), w.sinks[l].size() * sizeof(float));
+    }
+  }
+  void upload_caches(int l) {
+    upload(k[l]->p, w.k[l].data(), w.k[l].bytes);
+    upload(v[l]->p, w.v[l].data(), w.v[l].bytes);
+  }
   ExecutorConfig config(int max_batch, int max_len) {
     ExecutorConfig c = w.config(max_batch, max_len);
     for (int l = 0; l < w.num_layers; ++l) {
       c.layers[l].k_cache = k[l]->p;
       c.layers[l].v_cache = v[l]->p;
+      c.layers[l].sinks = w.sinks[l].empty() ? nullptr : static_cast<const float*>(sinks.at(l)->p);
       if (k_scale[l]) {
         c.layers[l].k_scale = static_cast<const float*>(k_scale[l]->p);
         c.layers[l].v_scale = static_cast<const float*>(v_scale[l]->p);
@@ -1169,6 +1184,52 @@ TEST(ExecutorGpu, TwoExecutorsOnTwoDevicesFromOneThread) {
 }
 
 // ---------------------------------------------------------------- a configuration per layer (issue 17)
+
+// gpt-oss-20b's attention (issue 17): 64 q / 8 kv heads of 64, a 128-token window on layer 0 and
+// every other layer, sinks in every layer, bf16; lengths grow past W and past 8192 between replays
+// of the same graphs (the window's start comes from the device lengths). The windowed layer's caches
+// hold NaN in every block before its window. Every layer against the float64 reference; the
+// windowed group plans V1 in every band, the full one V2 above 8192. Both band choices.
+TEST(ExecutorGpu, GptOssWindowsAndSinksMatchTheReferenceAsLengthsGrow) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  AttentionSpec full;
+  full.num_q_heads = 64;
+  full.num_kv_heads = 8;
+  full.head_size = 64;
+  full.dtype = DType::kBFloat16;
+  AttentionSpec window = full;
+  window.sliding_window = 128;
+  const int max_len = 9216, batch = 3;
+  const std::vector<std::vector<int>> steps = {{100, 8100, 8191}, {101, 8150, 8192}, {250, 8193, 8200}, {251, 9000, 9216}};
+  for (BandSelect band : {BandSelect::kHost, BandSelect::kDevice}) {
+    GpuWorld g({window, full, window, full}, batch, max_len, 17);
+    World& w = g.w;
+    w.set_sinks(-2.0f, 6.0f);
+    g.upload_sinks();
+    ExecutorConfig c = g.config(batch, max_len);
+    c.band_select = band;
+    Executor ex(c);
+    if (band == BandSelect::kDevice && ex.band_select() != BandSelect::kDevice) {
+      std::cout << "[driver] kDevice unavailable (" << ex.stats().band_select_note << "): only kHost run\n";
+      continue;
+    }
+    for (const BucketPlan& p : ex.plans(0)) EXPECT_EQ(p.kernel, KernelKind::kV1) << "windowed group, band " << p.band;
+    for (const std::vector<int>& lens : steps) {
+      w.set_lens(lens);
+      for (int l : {0, 2}) {
+        w.poison_outside_window(l);
+        g.upload_caches(l);
+      }
+      const auto qs = g.write_q(ex);
+      ex.step(w.inputs());
+      CK(cudaStreamSynchronize(ex.stream()));
+      for (int l = 0; l < w.num_layers; ++l)
+        EXPECT_TRUE(g.check(ex, l, qs[l].data())) << to_string(band) << " layer " << l << " len " << lens[1];
+    }
+  }
+#endif
+}
 
 // Four layers in two groups shaped like Gemma 4's (local: 8 KV heads of 128; global: 2 KV heads of
 // 256, its own scale, the tensor-core kernel), bf16, lengths crossing 8192, KV append on: every

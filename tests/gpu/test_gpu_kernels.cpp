@@ -6,7 +6,8 @@
 // the host append and explicit layout offsets, the naive kernel, the length clamp, the
 // kernel-launch fault seam, a fused QKV buffer read through row strides, padded rows with host
 // lengths, block ids outside the cache (clamped, reported through bad_block), and append slots
-// that are not their position's or past the cache (skipped, reported through bad_slot).
+// that are not their position's or past the cache (skipped, reported through bad_slot), and the
+// attention variants: sliding windows over freed (NaN, invalid-id) blocks, sinks, soft-caps.
 // Every test starts with DG_REQUIRE_GPU(): without a device it reports itself skipped.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -66,7 +67,7 @@ struct DevBuf {
 /// for validation).
 struct DeviceProblem {
   Problem& p;
-  std::unique_ptr<DevBuf> q, out, k, v, tables, lens, slopes, k_scale, v_scale;
+  std::unique_ptr<DevBuf> q, out, k, v, tables, lens, slopes, k_scale, v_scale, sinks;
   DecodeArgs args;
 
   explicit DeviceProblem(Problem& prob) : p(prob) {
@@ -101,6 +102,11 @@ struct DeviceProblem {
       k_scale = std::make_unique<DevBuf>(p.k_scales.size() * sizeof(float));
       v_scale = std::make_unique<DevBuf>(p.v_scales.size() * sizeof(float));
       upload_scales();
+    }
+    if (!p.sinks.empty()) {  // attention sinks too
+      sinks = std::make_unique<DevBuf>(p.sinks.size() * sizeof(float));
+      sinks->upload(p.sinks.data(), p.sinks.size() * sizeof(float));
+      args.sinks = static_cast<const float*>(sinks->ptr);
     }
   }
   /// Copies p's k_scales / v_scales (host) to the device scales the launches read.
@@ -1251,6 +1257,108 @@ TEST(GpuKernels, BadBlockIdsAreClampedAndReported) {
     EXPECT_EQ(seen, 0);
     EXPECT_TRUE(p->check(gpu_tol(ps.spec.dtype)));
   }
+}
+
+// ---------------------------------------------------------------- variants (issue 17)
+
+// Sliding windows at the issue's edges (W - 1, W, W + 1, 2W + 3, and far past: 8193, 40000): every
+// block wholly before a window holds NaN and its table entry an invalid id, which must neither
+// reach the output nor raise bad_block. Both maths (groups 1 and 4), both layouts, block sizes 8 /
+// 16 / 32, V1 and V2 (partitions of 32 and 128 from the window's first block), and the naive kernel.
+TEST(GpuKernels, SlidingWindowEdgesNeverReadFreedBlocks) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (int W : {1, 127, 128, 129}) {
+    ProblemSpec ps;
+    ps.spec = make_spec(kDTypes[i % 3], i % 2 ? 64 : 128, 8 << (i % 3), kLayouts[i % 2], 8, i % 2 ? 2 : 8);
+    ps.spec.sliding_window = W;
+    ps.lens = {std::max(1, W - 1), W, W + 1, 2 * W + 3, W == 128 ? 40000 : 8193};
+    ps.distinct_blocks = true;
+    ps.alibi = i == 2;
+    ps.seed = 4100 + i++;
+    auto p = dgtest::make_problem(ps);
+    EXPECT_GT(dgtest::free_blocks_outside_window(*p), 0);
+    p->run_reference();
+    SCOPED_TRACE("W " + std::to_string(W) + ": " + describe(ps.spec));
+    DeviceProblem dp(*p);
+    DevBuf flag(sizeof(int));
+    const int zero = 0;
+    flag.upload(&zero, sizeof zero);
+    dp.args.bad_block = static_cast<int*>(flag.ptr);
+    const Tolerance t = tol_for(*p);
+    dp.run_v1();
+    EXPECT_TRUE(p->check(t)) << "V1";
+    for (int P : {32, 128}) {
+      dp.run_v2(P);
+      EXPECT_TRUE(p->check(t)) << "V2 P=" << P;
+    }
+    int seen = -1;
+    flag.download(&seen, sizeof seen);
+    EXPECT_EQ(seen, 0) << "an entry before the window was read";
+    dp.args.bad_block = nullptr;
+    dp.run_naive();
+    EXPECT_TRUE(p->check(t)) << "naive";
+  }
+}
+
+// Sinks sigma in {-inf, 0, 5, 20} (per head sigma + h % 2), with and without gpt-oss's 128-token
+// window, over 3001 tokens: 24 partitions of 128, where a sink counted per partition would show.
+// Both maths (groups 1 and 8), V1, V2 and the naive kernel.
+TEST(GpuKernels, SinksCountOnceAcrossPartitions) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (int W : {0, 128})
+    for (float sigma : {-INFINITY, 0.0f, 5.0f, 20.0f}) {
+      ProblemSpec ps;
+      ps.spec = make_spec(i % 2 ? DType::kBFloat16 : DType::kFloat16, 64, 16, kLayouts[i % 2], 8, i % 4 < 2 ? 8 : 1);
+      ps.spec.sliding_window = W;
+      ps.lens = {3001, 129, 1};
+      ps.distinct_blocks = true;
+      ps.seed = 4200 + i++;
+      auto p = dgtest::make_problem(ps);
+      dgtest::free_blocks_outside_window(*p);
+      std::vector<float> sinks(8);
+      for (int h = 0; h < 8; ++h) sinks[h] = sigma + static_cast<float>(h % 2);
+      p->set_sinks(sinks);
+      p->run_reference();
+      SCOPED_TRACE("W " + std::to_string(W) + " sigma " + std::to_string(sigma) + ": " + describe(ps.spec));
+      DeviceProblem dp(*p);
+      const Tolerance t = tol_for(*p);
+      dp.run_v1();
+      EXPECT_TRUE(p->check(t)) << "V1";
+      dp.run_v2(128);
+      EXPECT_TRUE(p->check(t)) << "V2";
+      dp.run_naive();
+      EXPECT_TRUE(p->check(t)) << "naive";
+    }
+}
+
+// Soft-caps 1, 30 and 50 on large-norm q and k (logits in the hundreds: the cap bounds them), with
+// ALiBi (added before the tanh) on one, with and without a window; both maths, V1 and V2.
+TEST(GpuKernels, SoftcapOnLargeLogits) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (float cap : {1.0f, 30.0f, 50.0f})
+    for (int W : {0, 129}) {
+      ProblemSpec ps;
+      ps.spec = make_spec(kDTypes[i % 3], 128, 16, kLayouts[i % 2], 8, i % 2 ? 2 : 8);
+      ps.spec.sliding_window = W;
+      ps.spec.logit_softcap = cap;
+      ps.lens = {700, 17};
+      ps.large_logits = true;
+      ps.distinct_blocks = true;
+      ps.alibi = cap == 30.0f;
+      ps.seed = 4300 + i++;
+      auto p = dgtest::make_problem(ps);
+      dgtest::free_blocks_outside_window(*p);
+      p->run_reference();
+      SCOPED_TRACE("cap " + std::to_string(cap) + " W " + std::to_string(W) + ": " + describe(ps.spec));
+      DeviceProblem dp(*p);
+      dp.run_v1();
+      EXPECT_TRUE(p->check(tol_for(*p))) << "V1";
+      dp.run_v2(64);
+      EXPECT_TRUE(p->check(tol_for(*p))) << "V2";
+    }
 }
 
 }  // namespace

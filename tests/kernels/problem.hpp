@@ -84,10 +84,16 @@ struct Problem {
   std::vector<int32_t> tables, lens;
   std::vector<float> slopes;
   std::vector<float> k_scales, v_scales;  // fp8 caches: [spec.kv_scale_count()]
+  std::vector<float> sinks;  // attention sinks [num_q_heads], or empty (set_sinks)
   std::vector<double> ref;
   std::vector<bool> mask;  // rows with seq_len > 0
   std::size_t out_elems = 0;
 
+  /// Attention sinks, `sigma` for every head (host pointer in args; the device mirrors copy it).
+  void set_sinks(const std::vector<float>& values) {
+    sinks = values;
+    args.sinks = sinks.empty() ? nullptr : sinks.data();
+  }
   /// Resets the output to the NaN pattern.
   void poison_out() { std::memcpy(out.data(), poisoned.data(), poisoned.bytes); }
   /// Fills ref with the float64 reference (padded rows stay NaN).
@@ -236,6 +242,35 @@ inline std::unique_ptr<Problem> make_problem(const ProblemSpec& ps) {
   a.seq_lens = p->lens.data();
   a.alibi_slopes = ps.alibi ? p->slopes.data() : nullptr;
   return p;
+}
+
+/// A sliding window's freed blocks, as vLLM's hybrid allocator leaves them: every block wholly before
+/// sequence i's window (positions < len - W, W = spec.sliding_window) gets NaN in K and V (every
+/// head) and its table entry becomes an invalid id (alternately -1 and num_blocks + 1000). Needs
+/// ps.distinct_blocks (no block is shared with an attended one). Returns the blocks poisoned.
+inline int free_blocks_outside_window(Problem& p) {
+  const AttentionSpec& s = p.args.spec;
+  const int W = s.sliding_window, bs = s.block_size;
+  if (W <= 0) return 0;
+  const std::size_t elems = s.block_elems();
+  int freed = 0;
+  for (int sq = 0; sq < p.args.num_seqs; ++sq) {
+    const int first = p.lens[sq] > W ? p.lens[sq] - W : 0;  // first attended position
+    for (int j = 0; j < first / bs; ++j) {
+      int32_t& entry = p.tables[static_cast<std::size_t>(sq) * p.args.block_table_stride + j];
+      const std::size_t base = static_cast<std::size_t>(entry) * elems;
+      for (Buffer* b : {&p.k, &p.v}) {
+        if (s.fp8_kv()) {
+          std::memset(static_cast<unsigned char*>(b->data()) + base, 0x7f, elems);  // NaN in E4M3 and E5M2
+        } else {
+          for (std::size_t i = 0; i < elems; ++i) decodegraph::store_from_float(s.dtype, b->data(), base + i, NAN);
+        }
+      }
+      entry = freed % 2 == 0 ? -1 : p.args.num_blocks + 1000;
+      ++freed;
+    }
+  }
+  return freed;
 }
 
 /// Runs host V2 with a workspace of exactly the queried size.

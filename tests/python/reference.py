@@ -47,9 +47,13 @@ def gather_kv(k_cache: np.ndarray, v_cache: np.ndarray, layout: str, table: np.n
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
               seq_lens: np.ndarray, layout: str, block_size: int, scale: float = 0.0,
-              alibi: Optional[np.ndarray] = None) -> np.ndarray:
+              alibi: Optional[np.ndarray] = None, window: int = 0, softcap: float = 0.0,
+              sinks: Optional[np.ndarray] = None) -> np.ndarray:
     """out [num_seqs, num_q_heads, head_size] float64: softmax(scale q.k + alibi) v per sequence and
-    head; rows with length 0 are NaN (the library leaves them untouched)."""
+    head; rows with length 0 are NaN (the library leaves them untouched). A sliding ``window`` W
+    attends positions [len - W, len) only (blocks before it are not gathered: their table entries
+    may be invalid); ``softcap`` c maps each logit s to c tanh(s / c); ``sinks`` [num_q_heads] raw
+    logits join the softmax denominator only."""
     n, hq, d = q.shape
     out = np.full((n, hq, d), np.nan)
     scale = scale if scale > 0 else 1.0 / np.sqrt(d)
@@ -57,15 +61,23 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tab
         length = int(seq_lens[i])
         if length == 0:
             continue
-        k, v = gather_kv(k_cache, v_cache, layout, block_tables[i], length, block_size)
+        first = length - window if 0 < window < length else 0
+        b0 = first // block_size  # the window's first block: gathered from there on
+        k, v = gather_kv(k_cache, v_cache, layout, block_tables[i][b0:], length - b0 * block_size, block_size)
+        k, v = k[first - b0 * block_size:], v[first - b0 * block_size:]
+        pos = np.arange(first, length)
         hkv = k.shape[1]
         group = hq // hkv
         for h in range(hq):
             s = scale * (k[:, h // group, :] @ q[i, h].astype(np.float64))
             if alibi is not None:
-                s = s + float(alibi[h]) * (np.arange(length) - length + 1)
-            p = np.exp(s - s.max())
-            out[i, h] = (p / p.sum()) @ v[:, h // group, :]
+                s = s + float(alibi[h]) * (pos - length + 1)
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            sink = -np.inf if sinks is None else float(sinks[h])
+            m = max(s.max(), sink)
+            p = np.exp(s - m)
+            out[i, h] = (p @ v[:, h // group, :]) / (p.sum() + np.exp(sink - m))
     return out
 
 

@@ -79,6 +79,8 @@ struct Problem {
   int64_t out_stride = 0;
   std::vector<int32_t> lens;
   std::vector<float> m, l, o;  // [seqs, heads, max_partitions] (x head_size for o)
+  std::vector<float> sinks;    // [heads] attention sinks, or empty for none
+  float sink(int head) const { return sinks.empty() ? -INFINITY : sinks[head]; }
 
   int seqs() const { return static_cast<int>(lens.size()); }
   int parts(int seq) const { return num_partitions(std::min(lens[seq], max_seq_len), partition_size); }
@@ -135,9 +137,10 @@ std::vector<double> reference_merge(const Problem& pr) {
     for (int h = 0; h < pr.heads; ++h) {
       const int n = pr.parts(s);
       if (n == 0) continue;
-      double M = -INFINITY;
+      // The sink joins the max and (once) the denominator: e^(sink - M).
+      double M = pr.sink(h);
       for (int p = 0; p < n; ++p) M = std::max(M, static_cast<double>(pr.m[pr.index(s, h, p)]));
-      double W = 0;
+      double W = pr.sink(h) == -INFINITY ? 0.0 : std::exp(double(pr.sink(h)) - M);
       std::vector<double> acc(pr.head_size, 0.0);
       for (int p = 0; p < n; ++p) {
         const int64_t i = pr.index(s, h, p);
@@ -163,7 +166,8 @@ std::vector<uint8_t> host_merge(const Problem& pr, uint8_t fill) {
     if (n == 0) continue;
     for (int h = 0; h < pr.heads; ++h) {
       const int64_t i = pr.index(s, h, 0);
-      kernels::merge_row_in_kernel_order(&pr.m[i], &pr.l[i], &pr.o[i * pr.head_size], n, pr.head_size, row.data());
+      kernels::merge_row_in_kernel_order(&pr.m[i], &pr.l[i], &pr.o[i * pr.head_size], n, pr.head_size, row.data(),
+                                         pr.sink(h));
       for (int d = 0; d < pr.head_size; ++d)
         store_from_float(pr.dtype, out.data(), s * pr.out_stride + static_cast<int64_t>(h) * pr.head_size + d, row[d]);
     }
@@ -176,6 +180,7 @@ std::vector<uint8_t> device_merge(const Problem& pr, uint8_t fill, int launch_ma
   const std::size_t es = dtype_size(pr.dtype);
   Dev m(pr.m.size() * 4, pr.m.data()), l(pr.l.size() * 4, pr.l.data()), o(pr.o.size() * 4, pr.o.data());
   Dev lens(pr.lens.size() * 4, pr.lens.data());
+  Dev sinks(pr.sinks.size() * 4, pr.sinks.data());
   std::vector<uint8_t> out(pr.out_elems() * es, fill);
   Dev d_out(out.size(), out.data());
   kernels::MergeParams p;
@@ -191,6 +196,7 @@ std::vector<uint8_t> device_merge(const Problem& pr, uint8_t fill, int launch_ma
   p.max_seq_len = pr.max_seq_len;
   p.partition_size = pr.partition_size;
   p.max_partitions = pr.max_partitions;
+  p.sinks = pr.sinks.empty() ? nullptr : static_cast<const float*>(sinks.p);
   if (launch_max_partitions > 0) {
     // A launch sized for longer rows: more groups per block over the same partials (the workspace
     // keeps its max_partitions; only the block follows launch_max_partitions, as in a graph sized for
@@ -281,6 +287,20 @@ TEST(SimMerge, PartitionCountsAroundTheChunkSizes) {
     for (int n : c) name += " " + std::to_string(n);
     check_problem(pr, name);
   }
+}
+
+// Attention sinks (issue 17) join the denominator once per row, in the merge: with 1 partition (then
+// merged, not copied), a few, and more than one round of loads; sinks below, near and far above the
+// partitions' maxima (20 above drives the row toward 0), -inf (none) on some heads.
+TEST(SimMerge, SinksJoinTheDenominatorOnce) {
+  std::mt19937_64 rng(23);
+  for (DType dt : {DType::kFloat32, DType::kBFloat16})
+    for (float sigma : {0.0f, 5.0f, 20.0f, -30.0f}) {
+      const int P = 16;
+      Problem pr = make_problem(dt, 4, 64, P, {1, 2 * P, 33 * P - 3, 300 * P}, Logits::kNormal, rng);
+      pr.sinks = {sigma, -INFINITY, sigma + 1.5f, sigma - 2.0f};
+      check_problem(pr, std::string(to_string(dt)) + " sink " + std::to_string(sigma));
+    }
 }
 
 // Every dtype and head size: the slices of 32 elements, with a partial last slice at 80 and 112.

@@ -36,7 +36,7 @@ struct Dev {
 /// (no host copies of the lengths or tables: padded rows would fail their validation).
 struct DeviceProblem {
   Dev q, out, k, v, tables, lens;
-  std::unique_ptr<Dev> slopes, k_scale, v_scale;
+  std::unique_ptr<Dev> slopes, k_scale, v_scale, sinks;
   decodegraph::DecodeArgs args;
   explicit DeviceProblem(const dgtest::Problem& p)
       : q(p.q.bytes, p.q.data()), out(p.poisoned.bytes), k(p.k.bytes, p.k.data()), v(p.v.bytes, p.v.data()),
@@ -59,6 +59,10 @@ struct DeviceProblem {
       v_scale = std::make_unique<Dev>(p.v_scales.size() * sizeof(float), p.v_scales.data());
       args.k_scale = static_cast<const float*>(k_scale->p);
       args.v_scale = static_cast<const float*>(v_scale->p);
+    }
+    if (!p.sinks.empty()) {
+      sinks = std::make_unique<Dev>(p.sinks.size() * sizeof(float), p.sinks.data());
+      args.sinks = static_cast<const float*>(sinks->p);
     }
   }
   /// Resets the device output to the problem's NaN pattern.
