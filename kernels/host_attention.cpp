@@ -168,7 +168,7 @@ struct Geometry {
         scale2(spec.effective_scale() * math::kLog2e),
         cap2(spec.logit_softcap * math::kLog2e),
         cap2_k(math::softcap2_k(cap2)),
-        tensor_cores(kernels::pass1_uses_tensor_cores(static_cast<int>(spec.kv_elem_size()), rows)),
+        tensor_cores(kernels::pass1_uses_tensor_cores(static_cast<int>(spec.kv_elem_size()), kernels::pass1_rows(group, n))),
         tile(kernels::pass1_tile_tokens(static_cast<int>(spec.kv_elem_size()), spec.head_size)),
         chunk(std::max(bs, tile)) {
     std::vector<int64_t> k_rel(static_cast<std::size_t>(bs) * hs), v_rel(k_rel.size());
