@@ -135,6 +135,14 @@ DG_HD int window_read_max(int max_len, int window, int block_size) {
   return window > 0 && window <= max_len - block_size ? window + block_size - 1 : max_len;
 }
 
+/// The window the reads of a q_len-row step cover: W + q_len - 1 (0 without a window). Row 0, at
+/// position len - q_len, attends from len - q_len + 1 - W on, the earliest of the rows; so the reads
+/// (window_origin, window_read_max, the block-table entries checked) use this window, and each row
+/// masks its own first position, window_first(row_len(len, q_len, j), W).
+DG_HD int read_window(int window, int q_len) { return window > 0 ? window + q_len - 1 : 0; }
+/// Tokens row j of a q_len-row step of a `len`-token sequence sees: its query sits at len - q_len + j.
+DG_HD int row_len(int len, int q_len, int j) { return len - q_len + 1 + j; }
+
 /// Soft-cap of a base-2 logit: cap2 * tanh(s2 / cap2) with cap2 = c * log2(e) > 0, which is
 /// c * tanh(s / c) in natural units times log2(e). Callers branch on cap2 > 0 (off: the logit as
 /// it is), so a layer without a cap pays one uniform branch, never the tanh.
