@@ -142,7 +142,9 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
   // Entry t = i * q + j: token j of sequence i. Named by its index, and for q > 1 its (i, j).
   auto slot_name = [&](int t) {
     std::string s = "inputs.slot_mapping[" + std::to_string(t) + "]";
-    if (q > 1) s += " (sequence " + std::to_string(t / q) + ", token " + std::to_string(t % q) + " of q_len " + std::to_string(q) + ")";
+    if (q > 1)
+      s += " (sequence " + std::to_string(t / q) + ", token " + std::to_string(t % q) + " of q_len " + std::to_string(q) +
+           ": position seq_len - q_len + " + std::to_string(t % q) + " = " + std::to_string(lens[t / q] - q + t % q) + ")";
     return s;
   };
   for (int t = 0; t < n * q; ++t)
