@@ -163,6 +163,7 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
     throw;
   }
   ++steps;
+  bad_blocks->note_step(inputs.q_len);
   if (log->should_log(spdlog::level::trace))
     log->trace("step {}: num_seqs {} q_len {} -> batch {} band {} ({}, graph {}){}{}", steps, inputs.num_seqs,
                inputs.q_len, r.bucket_batch_size, r.band, to_string(r.kernel), r.graph_id, r.measured ? ", measured" : "",

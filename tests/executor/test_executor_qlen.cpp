@@ -227,7 +227,8 @@ TEST(QLenBadInput, KCheapSkipsASlotPastTheCacheAndStagesTheWholeSlotMapping) {
   w.slots[14] = static_cast<int64_t>(w.num_blocks) * 16 + 3;  // sequence 3, token 2: past the cache
   w.fill_step(ex);
   ex.step(w.inputs());
-  EXPECT_TRUE(rejects([&] { ex.check_errors(); }, {"slot"}));
+  EXPECT_TRUE(rejects([&] { ex.check_errors(); },
+                      {"slot_past_cache, sequence 3", "inputs.slot_mapping[14] (token 2 of q_len 4) was at or past"}));
   w.slots[14] = -1;  // the skipped token: not in the cache, the others are
   EXPECT_TRUE(w.check_appended(ex, 0));
   w.set_lens({41, 5, 701, 130}, 4);
