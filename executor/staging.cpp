@@ -49,8 +49,9 @@ Lengths StepStaging::validate(const StepInputs& in) {
                   "one of config().q_lens = " + list_text(cfg_.q_lens) + " (the q_lens graphs are made for)");
   if (!in.slot_mapping && cfg_.append_kv)
     throw_invalid("inputs.slot_mapping", "null",
-                  "a pointer to num_seqs x q_len = " + std::to_string(in.num_seqs) + " x " + std::to_string(in.q_len) +
-                      " slots (append_kv is on)");
+                  in.q_len == 1 ? std::string("a pointer to num_seqs slots (append_kv is on)")
+                                : "a pointer to num_seqs x q_len = " + std::to_string(in.num_seqs) + " x " +
+                                      std::to_string(in.q_len) + " slots (append_kv is on)");
   if (in.max_seq_len < 0 || in.max_seq_len > cfg_.max_seq_len)
     throw_invalid("inputs.max_seq_len", in.max_seq_len,
                   "0 (no hint) or 1..max_seq_len = 1.." + std::to_string(cfg_.max_seq_len));
