@@ -111,6 +111,61 @@ TEST_P(QLenReplay, AGraphReplayedAfterTheLengthsChangeMatchesTheReference) {
 INSTANTIATE_TEST_SUITE_P(Bands, QLenReplay, ::testing::Values(BandSelect::kHost, BandSelect::kDevice),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
+// kMeasured measures a (q_len, batch bucket, band) when a step of that q_len first needs it (the
+// clock sees the plan's q_len), and rebind_layers re-captures every q_len's graphs.
+TEST(QLenGraphs, MeasuredPerQLenAndRebindReCapturesEveryQLen) {
+  World w(small_spec(), 1, 3, 4096, 91);
+  ExecutorConfig c = w.config(4, 4096);
+  c.q_lens = {1, 4};
+  c.policy = KernelPolicy::kMeasured;
+  c.band_select = BandSelect::kHost;
+  std::vector<int> clock_q_lens;
+  c.measure_clock = [&](const BucketPlan& b, const PlanCandidate& k) {
+    clock_q_lens.push_back(b.q_len);
+    return k.kernel == KernelKind::kV1 ? 5.0 : 9.0;  // V1 fastest
+  };
+  Executor ex(c);
+  w.set_lens({3000, 4000, 2500}, 4);
+  w.fill_step(ex);
+  const StepResult r4 = ex.step(w.inputs());
+  EXPECT_TRUE(r4.measured);
+  EXPECT_TRUE(w.check_layer(ex, 0));
+  EXPECT_TRUE(w.check_appended(ex, 0));
+  ASSERT_FALSE(clock_q_lens.empty());
+  EXPECT_TRUE(std::all_of(clock_q_lens.begin(), clock_q_lens.end(), [](int q) { return q == 4; }));
+  EXPECT_EQ(ex.plan_for(r4).reason, PlanReason::kMeasuredFastest);
+  EXPECT_EQ(ex.plan_for(r4).kernel, KernelKind::kV1);
+  EXPECT_EQ(ex.plan_for(0, r4.bucket, r4.band, 1).reason, PlanReason::kNotMeasured);
+  const std::size_t measured4 = clock_q_lens.size();
+  w.set_lens({3001, 4001, 2501}, 1);
+  w.fill_step(ex);
+  const StepResult r1 = ex.step(w.inputs());
+  EXPECT_TRUE(r1.measured);
+  EXPECT_EQ(clock_q_lens.back(), 1);
+  EXPECT_GT(clock_q_lens.size(), measured4);
+  EXPECT_NE(r1.graph_id, r4.graph_id);
+  EXPECT_TRUE(w.check_layer(ex, 0));
+
+  // New caches holding the same contents; the old ones then get other data, which no graph may read.
+  std::vector<dgtest::Buffer> k2 = w.k, v2 = w.v;
+  ExecutorConfig moved = c;
+  moved.layers[0].k_cache = k2[0].data();
+  moved.layers[0].v_cache = v2[0].data();
+  ex.rebind_layers(moved.layers);
+  std::swap(w.k, k2);
+  std::swap(w.v, v2);
+  dgtest::fill_uniform(w.spec.dtype, k2[0].data(), k2[0].bytes / dtype_size(w.spec.dtype), w.rng);
+  dgtest::fill_uniform(w.spec.dtype, v2[0].data(), v2[0].bytes / dtype_size(w.spec.dtype), w.rng);
+  EXPECT_EQ(ex.stats().graph_updates, 2);
+  for (int n : {4, 1}) {
+    w.set_lens({3002, 4002, 2502}, n);
+    w.fill_step(ex);
+    EXPECT_FALSE(ex.step(w.inputs()).captured);
+    EXPECT_TRUE(w.check_layer(ex, 0)) << "n " << n;
+    EXPECT_TRUE(w.check_appended(ex, 0)) << "n " << n;
+  }
+}
+
 // ---------------------------------------------------------------- bad input
 
 ExecutorConfig qlen_config(World& w, std::vector<int> q_lens) {
