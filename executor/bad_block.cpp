@@ -29,14 +29,17 @@ struct Decoded {
   Kind kind = Kind::kBadBlockId;
   int sequence = -1;  // -1: not recorded
   int column = -1;
+  int token = -1;     // the append's: the index into the step's [num_seqs, q_len] slot mapping
 };
 
-Decoded decode(int v, int stride) {
+// `q`: the q_len of every step the report covers (-1: they differed, so a token names no sequence).
+Decoded decode(int v, int stride, int q) {
   Decoded d;
   if (v < 0) {
     d.kind = kernels::append_report_kind(v) == kernels::AppendReport::kSlotPastCache ? Kind::kSlotPastCache
                                                                                      : Kind::kSlotMismatch;
-    d.sequence = kernels::append_report_token(v);
+    d.token = kernels::append_report_token(v);
+    d.sequence = q >= 1 ? d.token / q : -1;
   } else if (v != INT_MAX) {
     d.sequence = (v - 1) / stride;
     d.column = (v - 1) % stride;
@@ -59,7 +62,10 @@ BadBlockReport::BadBlockReport(const ExecutorConfig& config, Backend& backend, A
 void BadBlockReport::report(bool wait, long long steps, bool from_step) {
   if (wait) backend_.wait_last_step();
   if (*static_cast<volatile int*>(flag_h_) == 0) {
-    if (wait) reported_through_ = steps;
+    if (wait) {
+      reported_through_ = steps;
+      q_since_ = 0;
+    }
     return;
   }
   if (!wait) backend_.wait_last_step();
@@ -70,9 +76,17 @@ void BadBlockReport::report(bool wait, long long steps, bool from_step) {
   ++reports_;
   const long long from = reported_through_ + 1;
   reported_through_ = steps;
-  const Decoded d = decode(v, cfg_.max_blocks_per_seq);
+  const int q = q_since_ == 0 ? 1 : q_since_;
+  q_since_ = 0;
+  const Decoded d = decode(v, cfg_.max_blocks_per_seq, q);
   const std::string seq = d.sequence >= 0 ? "sequence " + std::to_string(d.sequence) : "one sequence (not recorded)";
   const std::string row = d.sequence >= 0 ? std::to_string(d.sequence) : "?";
+  // The append's entry: [sequence] for q_len 1, else its index into [num_seqs, q_len] and the token.
+  std::string slot = "inputs.slot_mapping[" + (d.token >= 0 ? std::to_string(d.token) : row) + "]";
+  if (d.token >= 0 && q != 1)
+    slot += q > 1 ? " (token " + std::to_string(d.token % q) + " of q_len " + std::to_string(q) + ")"
+                  : " (of a [num_seqs, q_len] slot mapping; q_len differed between those steps, so its sequence is "
+                    "not known)";
   const std::string when =
       from == steps ? "step " + std::to_string(steps)
                     : "one of steps " + std::to_string(from) + ".." + std::to_string(steps) + " (those since the last report)";
@@ -87,14 +101,14 @@ void BadBlockReport::report(bool wait, long long steps, bool from_step) {
       damage = "its attention output at that step is wrong (the token generated from it too)";
       break;
     case Kind::kSlotMismatch:
-      what = "inputs.slot_mapping[" + row +
-             "] was not the slot of position seq_len - 1 under its block-table row (seq_lens counts the token "
+      what = slot +
+             " was not the slot of position seq_len - 1 under its block-table row (seq_lens counts the token "
              "appended this step; a slot of position seq_len, or lengths counted before the append, do this): "
              "the append skipped it";
       damage = "its new K/V was not written, so that step's output and every later one read a stale slot";
       break;
     case Kind::kSlotPastCache:
-      what = "inputs.slot_mapping[" + row + "] was at or past num_blocks * block_size = " +
+      what = slot + " was at or past num_blocks * block_size = " +
              std::to_string(static_cast<long long>(cfg_.num_blocks) * cfg_.spec.block_size) + ": the append skipped it";
       damage = "its new K/V was not written, so that step's output and every later one read a stale slot";
       break;

@@ -29,6 +29,10 @@ class BadBlockReport {
   /// what has landed, and wait only when there is something to report. `steps`: the steps run so
   /// far. `from_step`: step() asks, and runs nothing when this throws.
   void report(bool wait, long long steps, bool from_step);
+  /// A step of `q_len` tokens per sequence ran: the append reports a token index t of its
+  /// [batch, q_len] slots, which names sequence t / q_len when every step since the last report had
+  /// that q_len.
+  void note_step(int q_len) { q_since_ = q_since_ == 0 || q_since_ == q_len ? q_len : -1; }
   long long reports() const { return reports_; }
 
  private:
@@ -38,6 +42,7 @@ class BadBlockReport {
   int* flag_h_ = nullptr;
   long long reported_through_ = 0;  // steps up to here were covered by the last report
   long long reports_ = 0;
+  int q_since_ = 0;  // the q_len of every step since the last report; 0: none, -1: they differed
 };
 
 }  // namespace decodegraph::detail

@@ -34,9 +34,10 @@ void GraphCache::check_caller_capture(const StepInputs& in) const {
                   "a bound on every length of every replay: under BandSelect::kHost the launches of that "
                   "length's band are recorded into your graph; or BandSelect::kDevice, whose graph picks the "
                   "band at each replay");
-  if (in.num_seqs < 1 || in.num_seqs > c.max_batch || in.max_seq_len < 0 || in.max_seq_len > c.max_seq_len)
+  if (in.num_seqs < 1 || in.num_seqs > c.max_batch || in.max_seq_len < 0 || in.max_seq_len > c.max_seq_len ||
+      p_.plans.q_index(in.q_len) < 0)
     return;  // validate() names the parameter
-  const int bucket = p_.plans.bucket_of_batch(in.num_seqs);
+  const int bucket = p_.plans.bucket_of_step(in.num_seqs, in.q_len);
   if (!decided(bucket, band_on_device() ? 0 : in.max_seq_len))
     throw_invalid("policy", "kMeasured (this batch bucket is not measured yet; the step's stream is being captured)",
                   "a measured bucket: timing candidates cannot run inside a capture, so call capture_all() (or run "

@@ -127,8 +127,8 @@ int merge_blocks_per_sm(int threads, const CostConstants& k) {
 
 double merge_us(const ExecutorConfig& c, const BucketPlan& p, int n, const CostConstants& k) {
   const AttentionSpec& s = c.spec;
-  const double partial_bytes =
-      static_cast<double>(p.batch) * s.num_q_heads * n * (s.head_size + 2.0) * 4.0;  // read once
+  const double rows = static_cast<double>(p.batch) * p.q_len;  // query rows: q_len per sequence
+  const double partial_bytes = rows * s.num_q_heads * n * (s.head_size + 2.0) * 4.0;  // read once
   int threads, blocks_per_row, rounds;
   if (k.serial_merge) {
     // Before issue 19: one block of head_size threads per (sequence, head); the max, the weights
@@ -147,7 +147,7 @@ double merge_us(const ExecutorConfig& c, const BucketPlan& p, int n, const CostC
     rounds = 1;
     if (n > groups * kernels::kMergeUnroll) rounds += 1 + (per_fold - 1) / kernels::kMergeUnroll;
   }
-  const double blocks = static_cast<double>(p.batch) * s.num_q_heads * blocks_per_row;
+  const double blocks = rows * s.num_q_heads * blocks_per_row;
   const double resident = static_cast<double>(c.device_model.num_sms) * merge_blocks_per_sm(threads, k);
   const double waves = std::ceil(blocks / resident);
   const double chain = waves * (rounds * k.l2_round_trip_us + k.merge_tree_us);
@@ -167,7 +167,11 @@ CostBreakdown predict_call(const ExecutorConfig& c, const BucketPlan& p, int len
   const int group = s.num_q_heads / s.num_kv_heads;
   const double heads_per_block = static_cast<double>((group + chunks - 1) / chunks);
   const double kv_token = 2.0 * s.head_size * kv_esize;        // K + V of one KV head
-  const double partial_row = (s.head_size + 2.0) * 4.0;        // one q head's fp32 partials
+  const double partial_row = (s.head_size + 2.0) * 4.0;        // one query row's fp32 partials, per head
+  // q_len rows per sequence (speculative decoding): a block serves q_len x its heads' query rows
+  // over the same K/V, so the KV bytes and the stream rate are those of one row; what grows with
+  // q_len is q, out and the partials (the packed rows' extra math is not modelled).
+  const double q_rows = p.q_len;
   const long long rows = static_cast<long long>(p.batch) * s.num_kv_heads * chunks;
   const long long slots = static_cast<long long>(c.device_model.target_blocks());
 
@@ -177,7 +181,7 @@ CostBreakdown predict_call(const ExecutorConfig& c, const BucketPlan& p, int len
     const int P = p.partition_size;
     n = num_partitions(len, P);
     const int last = len - (n - 1) * P;
-    const double written = heads_per_block * partial_row;
+    const double written = heads_per_block * q_rows * partial_row;
     r.pass1_us = simulate_waves(rows, p.grid_x, n - 1, P * kv_token + written, 1, last * kv_token + written, slots, k);
     r.merge_us = merge_us(c, p, n, k);
     r.fixed_us = 2 * (k.kernel_floor_us + k.launch_gap_us);
@@ -187,8 +191,8 @@ CostBreakdown predict_call(const ExecutorConfig& c, const BucketPlan& p, int len
   }
   r.us = r.pass1_us + r.merge_us + r.fixed_us;
   const double qo_row = static_cast<double>(s.num_q_heads) * s.head_size * esize;
-  r.bytes = static_cast<double>(p.batch) * (static_cast<double>(len) * s.num_kv_heads * kv_token + 2 * qo_row);
-  if (v2) r.bytes += 2.0 * p.batch * s.num_q_heads * partial_row * n;
+  r.bytes = static_cast<double>(p.batch) * (static_cast<double>(len) * s.num_kv_heads * kv_token + 2 * q_rows * qo_row);
+  if (v2) r.bytes += 2.0 * p.batch * q_rows * s.num_q_heads * partial_row * n;
   r.roof_share = r.bytes / (r.us * k.read_gbs * kBytesPerUsPerGbs);
   return r;
 }

@@ -144,8 +144,8 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
     else
       bad_blocks->report(/*wait=*/false, steps, /*from_step=*/true);
     const detail::Lengths lens = staging->validate(inputs);
-    const int bucket = plans->bucket_of_batch(inputs.num_seqs);
-    const int batch = cfg.batch_buckets[static_cast<std::size_t>(bucket)];
+    const int bucket = plans->bucket_of_step(inputs.num_seqs, inputs.q_len);  // (q_len, batch bucket)
+    const int batch = plans->plan(bucket, 0).batch;
     auto stage = [&] { staging->stage(inputs, batch, lens.band_len); };
     stage();
     if (caller) {
@@ -157,14 +157,16 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
       r = g.result;
     }
     if (r.band >= 0) r.launch_id = plans->plan(bucket, r.band).graph_id;
+    r.q_len = inputs.q_len;
   } catch (...) {
     ++rejected;
     throw;
   }
   ++steps;
+  bad_blocks->note_step(inputs.q_len);
   if (log->should_log(spdlog::level::trace))
-    log->trace("step {}: num_seqs {} -> batch {} band {} ({}, graph {}){}{}", steps, inputs.num_seqs,
-               r.bucket_batch_size, r.band, to_string(r.kernel), r.graph_id, r.measured ? ", measured" : "",
+    log->trace("step {}: num_seqs {} q_len {} -> batch {} band {} ({}, graph {}){}{}", steps, inputs.num_seqs,
+               inputs.q_len, r.bucket_batch_size, r.band, to_string(r.kernel), r.graph_id, r.measured ? ", measured" : "",
                r.captured ? ", captured" : "");
   return r;
 }
@@ -236,15 +238,21 @@ const std::vector<BucketPlan>& Executor::plans() const { return impl_->plans->pl
 const BucketPlan& Executor::plan_for(BucketIndex bucket, int band) const { return plan_for(0, bucket, band); }
 
 const BucketPlan& Executor::plan_for(int group, BucketIndex bucket, int band) const {
+  return plan_for(group, bucket, band, impl_->cfg.q_lens.front());
+}
+
+const BucketPlan& Executor::plan_for(int group, BucketIndex bucket, int band, int q_len) const {
   const detail::PlanBook& pb = *impl_->plans;
   detail::check_group(pb, group);
-  if (bucket.value < 0 || bucket.value >= pb.num_buckets())
+  if (bucket.value < 0 || bucket.value >= pb.num_batch_buckets())
     throw_invalid("bucket", bucket.value,
-                  "a batch bucket index 0.." + std::to_string(pb.num_buckets() - 1) +
+                  "a batch bucket index 0.." + std::to_string(pb.num_batch_buckets() - 1) +
                       " (not a batch size: see plan_for_batch)");
   if (band < 0 || band >= pb.num_bands())
     throw_invalid("band", band, "a band index 0.." + std::to_string(pb.num_bands() - 1));
-  return pb.group_plan(group, pb.index(bucket.value, band));
+  const int q = pb.q_index(q_len);
+  if (q < 0) throw_invalid("q_len", q_len, "one of config().q_lens = " + detail::list_text(impl_->cfg.q_lens));
+  return pb.group_plan(group, pb.index(pb.bucket(q, bucket.value), band));
 }
 
 const BucketPlan& Executor::plan_for(const StepResult& step) const {
@@ -255,22 +263,30 @@ const BucketPlan& Executor::plan_for(const StepResult& step) const {
                   "band's plan, and stats().graphs[] (graph_id " + std::to_string(step.graph_id) +
                       ").band_replays counts the bands it ran. Give a max_seq_len hint, host inputs or kFull to "
                       "know the band per step");
-  return plan_for(step.bucket, step.band);
+  return plan_for(0, step.bucket, step.band, step.q_len);
 }
 
 std::span<const BucketPlan> Executor::plans_for(BucketIndex bucket) const { return plans_for(0, bucket); }
 
 std::span<const BucketPlan> Executor::plans_for(int group, BucketIndex bucket) const {
+  return plans_for(group, bucket, impl_->cfg.q_lens.front());
+}
+
+std::span<const BucketPlan> Executor::plans_for(int group, BucketIndex bucket, int q_len) const {
   const detail::PlanBook& pb = *impl_->plans;
-  const BucketPlan& first = plan_for(group, bucket, 0);  // checks the indices; a group's bands are contiguous
+  const BucketPlan& first = plan_for(group, bucket, 0, q_len);  // checks the indices; a bucket's bands are contiguous
   return {&first, static_cast<std::size_t>(pb.num_bands())};
 }
 
 const BucketPlan& Executor::plan_for_batch(int batch_size, int band) const {
+  return plan_for_batch(batch_size, band, impl_->cfg.q_lens.front());
+}
+
+const BucketPlan& Executor::plan_for_batch(int batch_size, int band, int q_len) const {
   const Impl& m = *impl_;
   if (batch_size < 1 || batch_size > m.cfg.max_batch)
     throw_invalid("batch_size", batch_size, "1..max_batch = 1.." + std::to_string(m.cfg.max_batch));
-  return plan_for(BucketIndex(m.plans->bucket_of_batch(batch_size)), band);
+  return plan_for(0, BucketIndex(m.plans->bucket_of_batch(batch_size)), band, q_len);
 }
 
 std::string Executor::plan_table() const { return detail::plan_table_text(*impl_->plans); }

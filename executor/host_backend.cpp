@@ -66,16 +66,17 @@ class HostCaptured final : public CapturedGraph {
 template <class Run>
 void run_with_device_semantics(const DecodeArgs& a, const Run& run) {
   const int bs = a.spec.block_size;
+  const int window = math::read_window(a.spec.sliding_window, a.q_len);  // q_len rows read from row 0's window
   auto bad_id = [&](int32_t id) { return id < 0 || id >= a.num_blocks; };
   bool clean = true;
   for (int i = 0; i < a.num_seqs && clean; ++i) {
     const int len = a.seq_lens[i];
-    if (len < 0 || len > a.max_seq_len) {
+    if (len < 0 || len > a.max_seq_len || (len > 0 && len < a.q_len)) {
       clean = false;
       break;
     }
     const int32_t* row = a.block_tables + static_cast<int64_t>(i) * a.block_table_stride;
-    for (int j = math::window_origin(len, a.spec.sliding_window, bs) / bs; j < num_partitions(len, bs); ++j)
+    for (int j = math::window_origin(len, window, bs) / bs; j < num_partitions(len, bs); ++j)
       if (bad_id(row[j])) {
         clean = false;
         break;
@@ -91,9 +92,10 @@ void run_with_device_semantics(const DecodeArgs& a, const Run& run) {
   int first_bad = 0;
   for (int i = 0; i < a.num_seqs; ++i) {
     lens[i] = std::clamp(lens[i], 0, a.max_seq_len);
+    if (lens[i] < a.q_len) lens[i] = 0;  // fewer tokens than query rows: the rows are left untouched
     int32_t* row = table.data() + static_cast<std::size_t>(i) * a.block_table_stride;
     // As the kernels: entries before a window's first block are never read, so never reported.
-    for (int j = math::window_origin(lens[i], a.spec.sliding_window, bs) / bs; j < num_partitions(lens[i], bs); ++j) {
+    for (int j = math::window_origin(lens[i], window, bs) / bs; j < num_partitions(lens[i], bs); ++j) {
       if (!bad_id(row[j])) continue;
       if (first_bad == 0) {
         const int64_t flat = static_cast<int64_t>(i) * a.block_table_stride + j + 1;

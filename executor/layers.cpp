@@ -19,12 +19,12 @@ LayerSet::LayerSet(const ExecutorConfig& config, Backend& backend, Allocations& 
 
 std::size_t LayerSet::q_bytes(int l) const {
   const AttentionSpec& s = layer_spec(cfg_, l);
-  return static_cast<std::size_t>(cfg_.max_batch) * s.num_q_heads * s.head_size * dtype_size(s.dtype);
+  return max_rows(cfg_) * s.num_q_heads * s.head_size * dtype_size(s.dtype);  // [max_batch, max q_len] rows
 }
 
 std::size_t LayerSet::kv_token_bytes(int l) const {
   const AttentionSpec& s = layer_spec(cfg_, l);
-  return static_cast<std::size_t>(cfg_.max_batch) * s.num_kv_heads * s.head_size * dtype_size(s.dtype);
+  return max_rows(cfg_) * s.num_kv_heads * s.head_size * dtype_size(s.dtype);
 }
 
 void LayerSet::check_layer(int layer) const {
@@ -34,14 +34,18 @@ void LayerSet::check_layer(int layer) const {
 
 void LayerSet::check_device_ranges(const std::vector<LayerBuffers>& given) const {
   const std::size_t esize = dtype_size(cfg_.spec.dtype);  // every layer's (validate_layer_specs)
-  // Rows of a strided buffer: the last one starts (max_batch - 1) strides in.
+  // Rows of a strided buffer: the last one starts (max_rows - 1) strides in.
+  const int64_t rows = static_cast<int64_t>(max_rows(cfg_));
   auto rows_bytes = [&](int64_t stride, int64_t row) {
     const int64_t s = stride != 0 ? stride : row;
-    return static_cast<std::size_t>((cfg_.max_batch - 1) * s + row) * esize;
+    return static_cast<std::size_t>((rows - 1) * s + row) * esize;
   };
   auto rows_text = [&](std::size_t bytes) {
-    return "at least max_batch = " + std::to_string(cfg_.max_batch) + " rows at its stride = " +
-           std::to_string(bytes) + " bytes";
+    const std::string what = max_q_len(cfg_) == 1
+                                 ? "max_batch = " + std::to_string(cfg_.max_batch)
+                                 : "max_batch x the largest q_len = " + std::to_string(cfg_.max_batch) + " x " +
+                                       std::to_string(max_q_len(cfg_));
+    return "at least " + what + " rows at its stride = " + std::to_string(bytes) + " bytes";
   };
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const LayerBuffers& lb = given[l];

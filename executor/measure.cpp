@@ -23,7 +23,7 @@ std::size_t Measurer::device_bytes(const ExecutorConfig& c) {
     const AttentionSpec& s = layer_spec(c, l);
     row = std::max(row, static_cast<std::size_t>(s.num_q_heads) * s.head_size * dtype_size(s.dtype));
   }
-  return static_cast<std::size_t>(c.max_batch) * row;
+  return max_rows(c) * row;  // [max_batch, max q_len] rows
 }
 
 Measurer::Measurer(const ExecutorConfig& config, Backend& backend, Allocations& memory, Recorder& recorder,

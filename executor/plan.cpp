@@ -164,8 +164,7 @@ int fill_v2_partition(const BucketPlan& p, const ExecutorConfig& c) {
 
 // ---------------------------------------------------------------- configuration checks
 
-namespace {
-
+namespace detail {
 std::string list_text(const std::vector<int>& v) {
   std::ostringstream os;
   os << "[";
@@ -173,6 +172,11 @@ std::string list_text(const std::vector<int>& v) {
   os << "]";
   return os.str();
 }
+}  // namespace detail
+
+namespace {
+
+using detail::list_text;
 
 void check_increasing(const std::vector<int>& v, const char* name, const char* last_name, int last) {
   for (std::size_t i = 0; i < v.size(); ++i) {
@@ -183,6 +187,24 @@ void check_increasing(const std::vector<int>& v, const char* name, const char* l
   }
   if (v.empty() || v.back() != last)
     throw_invalid(name, list_text(v), std::string("a list ending at ") + last_name + " = " + std::to_string(last));
+}
+
+// ExecutorConfig::q_lens: non-empty, each 1..kMaxQLen and at most max_seq_len, no duplicates;
+// returned ascending (config() shows them so, and plans follow that order).
+std::vector<int> checked_q_lens(std::vector<int> q, int max_seq_len) {
+  const std::string allowed = "1..kMaxQLen = 1.." + std::to_string(kMaxQLen) + " query tokens per sequence";
+  if (q.empty()) throw_invalid("q_lens", "[] (empty)", "a list of distinct q_lens, each " + allowed + "; {1} without drafts");
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    require(q[i] >= 1 && q[i] <= kMaxQLen, "q_lens[" + std::to_string(i) + "]", q[i], allowed);
+    require(q[i] <= max_seq_len, "q_lens[" + std::to_string(i) + "]", q[i],
+            "at most max_seq_len = " + std::to_string(max_seq_len) + " (a step's tokens are in the cache)");
+  }
+  std::vector<int> sorted = q;
+  std::sort(sorted.begin(), sorted.end());
+  const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup != sorted.end())
+    throw_invalid("q_lens", list_text(q), "distinct values (" + std::to_string(*dup) + " appears more than once)");
+  return sorted;
 }
 
 constexpr int kMaxSms = 65536;
@@ -216,6 +238,7 @@ ExecutorConfig resolve_planning(ExecutorConfig c) {
 
   if (c.batch_buckets.empty()) c.batch_buckets = default_batch_buckets(c.max_batch);
   check_increasing(c.batch_buckets, "batch_buckets", "max_batch", c.max_batch);
+  c.q_lens = checked_q_lens(c.q_lens, c.max_seq_len);
 
   if (c.partition_size != 0) validate_partition_size(c.spec, c.partition_size);
   require(c.policy == KernelPolicy::kAuto || c.policy == KernelPolicy::kThreshold ||
@@ -331,7 +354,7 @@ ExecutorConfig resolve_config(ExecutorConfig c, const std::function<DeviceModel(
 // The band's own lengths, or for a windowed layer (window W), which reads min(L, W) tokens, each
 // of them capped at W: the threshold's "above it always V2" then applies to that length, so a
 // 128-token window runs V1 in every band.
-PlannedLengths planned_lengths(const AttentionSpec& spec, int band_lo, int band_hi) {
+PlannedLengths planned_lengths(const AttentionSpec& spec, int band_lo, int band_hi, int q_len) {
   PlannedLengths r;
   // The lower edge is band_lo + 1 tokens. The first band's is 1 token, where every launch is its
   // kernels' floors (and which asks for no partitions at all); it starts at half its upper edge
@@ -341,8 +364,9 @@ PlannedLengths planned_lengths(const AttentionSpec& spec, int band_lo, int band_
   r.mid = r.lo + (band_hi - r.lo + 1) / 2;
   r.hi = band_hi;
   r.design = band_lo > 0 ? band_lo : std::max(1, band_hi / 2);
+  // q_len rows read from their first row's window on: W + q_len - 1 tokens.
   if (spec.sliding_window > 0)
-    for (int* len : {&r.lo, &r.mid, &r.hi, &r.design}) *len = std::min(*len, spec.sliding_window);
+    for (int* len : {&r.lo, &r.mid, &r.hi, &r.design}) *len = std::min(*len, math::read_window(spec.sliding_window, q_len));
   return r;
 }
 
@@ -350,12 +374,14 @@ namespace {
 
 /// The lengths a plan is scored at (kAuto) and predicted for: its group's planned lengths.
 std::array<int, 3> band_lengths(const ExecutorConfig& c, const BucketPlan& p) {
-  const PlannedLengths l = planned_lengths(c.spec, p.band_lo, p.band_hi);
+  const PlannedLengths l = planned_lengths(c.spec, p.band_lo, p.band_hi, p.q_len);
   return {l.lo, l.mid, l.hi};
 }
 
 /// The longest length a plan of this bucket is chosen for: where the threshold applies.
-int planned_hi(const ExecutorConfig& c, const BucketPlan& p) { return planned_lengths(c.spec, p.band_lo, p.band_hi).hi; }
+int planned_hi(const ExecutorConfig& c, const BucketPlan& p) {
+  return planned_lengths(c.spec, p.band_lo, p.band_hi, p.q_len).hi;
+}
 
 PlanPrediction prediction(const ExecutorConfig& c, const BucketPlan& p, int len) {
   const CostBreakdown b = predict_call(c, p, len);
@@ -384,12 +410,14 @@ void set_launch(BucketPlan& p, const ExecutorConfig& c, KernelKind kernel, int p
     p.launch_len = p.band_hi;
     p.partition_size = partition_size;
     // A window's partitions cover what it reads (its first block on), as the workspace does.
+    // q_len rows read the window of their first row on: W + q_len - 1 tokens.
     p.max_partitions = num_partitions(
-        math::window_read_max(p.band_hi, c.spec.sliding_window, c.spec.block_size), partition_size);
-    p.merge_grid_x = c.spec.num_q_heads;  // one merge block per (query head, sequence, 32 elements)
-    p.merge_grid_y = p.batch;
+        math::window_read_max(p.band_hi, math::read_window(c.spec.sliding_window, p.q_len), c.spec.block_size),
+        partition_size);
+    p.merge_grid_x = c.spec.num_q_heads;  // one merge block per (query head, query row, 32 elements)
+    p.merge_grid_y = p.batch * p.q_len;
     p.merge_grid_z = kernels::merge_slices(c.spec.head_size);
-    p.workspace_bytes = v2_workspace_size(c.spec, p.batch, p.band_hi, partition_size);
+    p.workspace_bytes = v2_workspace_size(c.spec, p.batch, p.band_hi, partition_size, p.q_len);
   }
   p.grid_x = p.max_partitions;
   const long long live_parts = kernel == KernelKind::kV1 ? 1 : num_partitions(p.design_len, partition_size);
@@ -504,41 +532,50 @@ std::vector<PlanCandidate> measure_candidates(const BucketPlan& p, const Executo
 }
 
 LaunchKey launch_key(const BucketPlan& p) {
-  return {static_cast<int>(p.kernel), p.batch,    p.launch_len, p.partition_size,
-          p.max_partitions,           p.grid_x,   p.grid_y,     p.workspace_bytes};
+  return {static_cast<int>(p.kernel), p.batch,  p.q_len,  p.launch_len, p.partition_size,
+          p.max_partitions,           p.grid_x, p.grid_y, p.workspace_bytes};
 }
+
+namespace {
+
+/// The plan of one (q_len, batch bucket, band) under the config's policy.
+BucketPlan make_plan(const ExecutorConfig& c, int q_len, int batch, int band) {
+  BucketPlan p;
+  p.batch = batch;
+  p.q_len = q_len;
+  p.band = band;
+  p.band_lo = band == 0 ? 0 : c.band_edges[band - 1];
+  p.band_hi = c.band_edges[band];
+  p.design_len = planned_lengths(c.spec, p.band_lo, p.band_hi, q_len).design;
+  p.window = c.spec.sliding_window;
+  if (c.policy == KernelPolicy::kThreshold) {
+    const bool v1 = planned_hi(c, p) <= c.v2_threshold;
+    set_launch(p, c, v1 ? KernelKind::kV1 : KernelKind::kV2, v1 ? 0 : fill_v2_partition(p, c));
+    p.reason = v1 ? PlanReason::kThresholdRule : PlanReason::kAboveThreshold;
+  } else {
+    const std::vector<ScoredPlan> scored = auto_candidates(p, c);
+    const ScoredPlan& best = least_regret(scored);
+    p = best.plan;
+    p.predicted_regret = best.regret;
+    p.candidates_scored = static_cast<int>(scored.size());
+    p.reason = PlanReason::kLeastRegret;
+  }
+  if (c.policy == KernelPolicy::kMeasured) {
+    p.candidates = measure_candidates(p, c);
+    p.reason = PlanReason::kNotMeasured;  // kAuto's choice until the bucket is measured
+  }
+  return p;
+}
+
+}  // namespace
 
 std::vector<BucketPlan> make_plans(const ExecutorConfig& c) {
   std::vector<BucketPlan> plans;
-  plans.reserve(c.batch_buckets.size() * c.band_edges.size());
-  for (int batch : c.batch_buckets) {
-    for (int band = 0; band < static_cast<int>(c.band_edges.size()); ++band) {
-      BucketPlan p;
-      p.batch = batch;
-      p.band = band;
-      p.band_lo = band == 0 ? 0 : c.band_edges[band - 1];
-      p.band_hi = c.band_edges[band];
-      p.design_len = planned_lengths(c.spec, p.band_lo, p.band_hi).design;
-      p.window = c.spec.sliding_window;
-      if (c.policy == KernelPolicy::kThreshold) {
-        const bool v1 = planned_hi(c, p) <= c.v2_threshold;
-        set_launch(p, c, v1 ? KernelKind::kV1 : KernelKind::kV2, v1 ? 0 : fill_v2_partition(p, c));
-        p.reason = v1 ? PlanReason::kThresholdRule : PlanReason::kAboveThreshold;
-      } else {
-        const std::vector<ScoredPlan> scored = auto_candidates(p, c);
-        const ScoredPlan& best = least_regret(scored);
-        p = best.plan;
-        p.predicted_regret = best.regret;
-        p.candidates_scored = static_cast<int>(scored.size());
-        p.reason = PlanReason::kLeastRegret;
-      }
-      if (c.policy == KernelPolicy::kMeasured) {
-        p.candidates = measure_candidates(p, c);
-        p.reason = PlanReason::kNotMeasured;  // kAuto's choice until the bucket is measured
-      }
-      plans.push_back(std::move(p));
-    }
-  }
+  plans.reserve(c.q_lens.size() * c.batch_buckets.size() * c.band_edges.size());
+  for (const int q_len : c.q_lens)
+    for (const int batch : c.batch_buckets)
+      for (int band = 0; band < static_cast<int>(c.band_edges.size()); ++band)
+        plans.push_back(make_plan(c, q_len, batch, band));
   if (c.policy != KernelPolicy::kMeasured) {
     std::map<LaunchKey, int> ids;
     for (BucketPlan& p : plans) p.graph_id = ids.emplace(launch_key(p), static_cast<int>(ids.size())).first->second;
@@ -628,8 +665,11 @@ std::string format_plan_table(const std::vector<BucketPlan>& plans) {
   std::ostringstream os;
   // A group column only where the plans are of several layer groups: one spec's table is unchanged.
   const bool groups = std::any_of(plans.begin(), plans.end(), [](const BucketPlan& p) { return p.group != 0; });
+  // An n (q_len) column only where some plan has q_len > 1: a table of q_len 1 is unchanged.
+  const bool qlens = std::any_of(plans.begin(), plans.end(), [](const BucketPlan& p) { return p.q_len != 1; });
   char line[640];
   if (groups) os << "group ";
+  if (qlens) os << " n ";
   std::snprintf(line, sizeof line, "%6s %5s %15s %6s %6s %6s %16s %10s %10s %7s %7s %8s %6s %8s %14s %6s  %s\n",
                 "batch", "band", "lengths", "kernel", "P", "parts", "grid (x,y,z)", "merge", "workspace", "blocks",
                 "target", "live@lo", "waves", "pred us", "roof% lo/mid/hi", "graph", "why");
@@ -656,6 +696,11 @@ std::string format_plan_table(const std::vector<BucketPlan>& plans) {
       char g[16];
       std::snprintf(g, sizeof g, "%5d ", p.group);
       os << g;
+    }
+    if (qlens) {
+      char n[16];
+      std::snprintf(n, sizeof n, "%2d ", p.q_len);
+      os << n;
     }
     std::snprintf(line, sizeof line, "%6d %5d %15s %6s %6s %6d %16s %10s %10zu %7d %7d %8d %6.2f %8.1f %14s %6s  %s\n",
                   p.batch, p.band, lengths, to_string(p.kernel), part, p.max_partitions, grid, merge, p.workspace_bytes,

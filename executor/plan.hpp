@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -22,6 +23,16 @@ ExecutorConfig resolve_planning(ExecutorConfig config);
 /// is 0 (LayerGroups resolves the other groups' models).
 ExecutorConfig resolve_config(ExecutorConfig config,
                               const std::function<DeviceModel(const AttentionSpec&)>& device);
+
+/// "[1, 4]": a list of ints as error messages name it.
+std::string list_text(const std::vector<int>& values);
+
+/// The largest of a resolved config's q_lens (they are ascending), and the query rows that many
+/// tokens per sequence of max_batch sequences take: what q/out, new K/V and the staged slots hold.
+inline int max_q_len(const ExecutorConfig& resolved) { return resolved.q_lens.back(); }
+inline std::size_t max_rows(const ExecutorConfig& resolved) {
+  return static_cast<std::size_t>(resolved.max_batch) * max_q_len(resolved);
+}
 
 /// Bytes layer `layer`'s K (or V) cache needs: num_blocks blocks of its spec.
 std::size_t cache_bytes_needed(const ExecutorConfig& resolved, int layer);
@@ -42,7 +53,8 @@ struct PlannedLengths {
   int lo = 0, mid = 0, hi = 0;
   int design = 0;
 };
-PlannedLengths planned_lengths(const AttentionSpec& group_spec, int band_lo, int band_hi);
+/// With q_len rows (a speculative step) a window reads W + q_len - 1 tokens: the cap is that.
+PlannedLengths planned_lengths(const AttentionSpec& group_spec, int band_lo, int band_hi, int q_len = 1);
 
 /// Plans for every (batch bucket, band) of one spec, `resolved.spec` with `resolved.device_model`
 /// (layer_specs is not read: the plan book plans each layer group with its own planning config,
@@ -77,7 +89,7 @@ std::vector<ScoredPlan> auto_candidates(const BucketPlan& bucket, const Executor
 std::vector<PlanCandidate> measure_candidates(const BucketPlan& plan, const ExecutorConfig& resolved);
 
 /// What makes two launches identical: equal keys replay the same graph.
-using LaunchKey = std::tuple<int, int, int, int, int, int, int, std::size_t>;
+using LaunchKey = std::tuple<int, int, int, int, int, int, int, int, std::size_t>;
 LaunchKey launch_key(const BucketPlan& plan);
 
 }  // namespace decodegraph::detail

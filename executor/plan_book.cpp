@@ -12,7 +12,9 @@ namespace decodegraph::detail {
 PlanBook::PlanBook(const ExecutorConfig& c, LayerGroups groups)
     : groups_(std::move(groups)),
       band_edges_(c.band_edges),
-      num_buckets_(static_cast<int>(c.batch_buckets.size())),
+      q_lens_(c.q_lens),
+      num_batch_buckets_(static_cast<int>(c.batch_buckets.size())),
+      num_buckets_(static_cast<int>(c.q_lens.size() * c.batch_buckets.size())),
       num_bands_(static_cast<int>(c.band_edges.size())) {
   for (int g = 0; g < groups_.size(); ++g) {
     group_configs_.push_back(groups_.planning_config(c, g));
@@ -29,6 +31,11 @@ PlanBook::PlanBook(const ExecutorConfig& c, LayerGroups groups)
   // replaced (with one group they are the same). kMeasured joins a cell once it is measured.
   for (std::size_t cell = 0; cell < num_cells(); ++cell)
     if (plan(cell).graph_id >= 0) join(cell);
+}
+
+int PlanBook::q_index(int q_len) const {
+  const auto it = std::find(q_lens_.begin(), q_lens_.end(), q_len);
+  return it == q_lens_.end() ? -1 : static_cast<int>(it - q_lens_.begin());
 }
 
 int PlanBook::band_of_length(int len) const {
@@ -94,7 +101,7 @@ std::size_t PlanBook::workspace_bytes() const {
     bytes = std::max(bytes, p.workspace_bytes);
     for (const PlanCandidate& cand : p.candidates)
       if (cand.kernel == KernelKind::kV2)
-        bytes = std::max(bytes, v2_workspace_size(groups_[p.group].spec, p.batch, p.band_hi, cand.partition_size));
+        bytes = std::max(bytes, v2_workspace_size(groups_[p.group].spec, p.batch, p.band_hi, cand.partition_size, p.q_len));
   }
   return bytes;
 }

@@ -1,5 +1,8 @@
-// The plan book (internal): every plan, per (layer group, batch bucket, band), and the distinct
-// launches buckets share. A *cell* is one (batch bucket, band), index bucket * bands + band; each
+// The plan book (internal): every plan, per (layer group, q_len, batch bucket, band), and the
+// distinct launches buckets share. A *bucket* here is one (q_len, batch bucket) pair, index q *
+// batch buckets + batch bucket (q: the q_len's index in ExecutorConfig::q_lens; with one q_len the
+// batch bucket index itself); the public BucketIndex is the batch bucket alone. A *cell* is one
+// (bucket, band), index bucket * bands + band; each
 // layer group has its own plan of every cell, and a step's launches are every group's plans of its
 // cell. Under BandSelect::kHost each distinct step launch (every group's launch identical) is one
 // graph; under kDevice a cell is one branch of the SWITCH nodes, and the bands whose launches are
@@ -40,7 +43,17 @@ class PlanBook {
   /// candidates take it.
   const ExecutorConfig& group_config(int group) const { return group_configs_[static_cast<std::size_t>(group)]; }
 
+  /// (q_len, batch bucket) pairs: num_q_lens() x num_batch_buckets().
   int num_buckets() const { return num_buckets_; }
+  int num_batch_buckets() const { return num_batch_buckets_; }
+  int num_q_lens() const { return static_cast<int>(q_lens_.size()); }
+  /// The index of `q_len` in ExecutorConfig::q_lens, or -1 when it is not captured.
+  int q_index(int q_len) const;
+  /// The bucket of batch bucket `batch_bucket` at q_len index `q`.
+  int bucket(int q, int batch_bucket) const { return q * num_batch_buckets_ + batch_bucket; }
+  /// The batch bucket (the public BucketIndex) and q_len of bucket `bucket`.
+  int batch_bucket_of(int bucket) const { return bucket % num_batch_buckets_; }
+  int q_len_of(int bucket) const { return q_lens_[static_cast<std::size_t>(bucket / num_batch_buckets_)]; }
   int num_bands() const { return num_bands_; }
   std::size_t num_cells() const { return static_cast<std::size_t>(num_buckets_) * num_bands_; }
   /// Cell of (bucket, band): bucket-major. With one group, also the index into plans().
@@ -49,6 +62,8 @@ class PlanBook {
   }
   /// The batch bucket of a step of `num_seqs` sequences (1..max_batch).
   int bucket_of_batch(int num_seqs) const { return bucket_of_batch_[num_seqs]; }
+  /// The bucket of a step of `num_seqs` sequences (1..max_batch) and a captured q_len.
+  int bucket_of_step(int num_seqs, int q_len) const { return bucket(q_index(q_len), bucket_of_batch(num_seqs)); }
   /// The band of a step whose lengths (or hint) reach `len`: the first band edge >= len.
   int band_of_length(int len) const;
 
@@ -76,7 +91,8 @@ class PlanBook {
   bool bucket_decided(int bucket) const;
   /// What StepContext::plan() says while a kDevice bucket graph is recorded: group 0's plan of the
   /// bucket's longest band, spanning every band (band 0 .. the last, lengths (0, max_seq_len]), with
-  /// the longest launch_len and largest workspace of any group's branch; graph_id = bucket.
+  /// the longest launch_len and largest workspace of any group's branch; graph_id = bucket (q *
+  /// batch buckets + batch bucket).
   BucketPlan bucket_graph_plan(int bucket) const;
   /// kDevice: names group `group`'s launch in band `band` of `bucket` among the bucket's bands (the
   /// first band whose launch is identical), so a SWITCH node records identical bands once.
@@ -89,6 +105,8 @@ class PlanBook {
   std::vector<ExecutorConfig> group_configs_;
   std::vector<BucketPlan> plans_;  // group-major: group * cells + cell
   std::vector<int> band_edges_;
+  std::vector<int> q_lens_;
+  int num_batch_buckets_ = 0;
   int num_buckets_ = 0;
   int num_bands_ = 0;
   std::vector<int> bucket_of_batch_;  // [max_batch + 1]

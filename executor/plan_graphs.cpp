@@ -62,8 +62,9 @@ class PlanGraphs final : public GraphCache {
     const BucketPlan& plan = p_.plans.plan(bucket, p_.plans.band_of_length(lens.band_len));
     target.stats.graph_id = plan.graph_id;
     target.plan = plan;  // record() takes the launch's plan
-    r.bucket = BucketIndex(bucket);
+    r.bucket = BucketIndex(p_.plans.batch_bucket_of(bucket));
     r.bucket_batch_size = plan.batch;
+    r.q_len = plan.q_len;
     r.band = plan.band;
     r.band_hi = plan.band_hi;
     r.kernel = plan.kernel;
@@ -93,6 +94,7 @@ class PlanGraphs final : public GraphCache {
     const BucketPlan& p = l.plan();
     gs.graph_id = id;
     gs.batch = p.batch;
+    gs.q_len = p.q_len;
     gs.band = p.band;
     gs.last_band = p.band;
     for (std::size_t cell : l.buckets) gs.last_band = std::max(gs.last_band, p_.plans.plan(cell).band);
@@ -108,7 +110,8 @@ class PlanGraphs final : public GraphCache {
 
   void capture_plan(std::size_t idx) {
     const BucketPlan& p = p_.plans.plan(idx);
-    capture(slot(p.graph_id), "bucket (batch " + std::to_string(p.batch) + ", band " + std::to_string(p.band) +
+    capture(slot(p.graph_id), "bucket (batch " + std::to_string(p.batch) + ", q_len " + std::to_string(p.q_len) +
+                                  ", band " + std::to_string(p.band) +
                                   ", graph " + std::to_string(p.graph_id) + ")");
   }
 };

@@ -36,8 +36,8 @@ void StepContext::attention(int layer) {
 void StepContext::attention(int layer, const void* q, void* out, int64_t q_stride, int64_t out_stride) {
   detail::Recorder& rec = *impl_->rec;
   rec.layers_.check_layer(layer);
-  require(q != nullptr, "q", "null", "a query buffer [max_batch, num_q_heads, head_size]");
-  require(out != nullptr, "out", "null", "an output buffer [max_batch, num_q_heads, head_size]");
+  require(q != nullptr, "q", "null", "a query buffer [max_batch x max q_len rows, num_q_heads, head_size]");
+  require(out != nullptr, "out", "null", "an output buffer [max_batch x max q_len rows, num_q_heads, head_size]");
   if (impl_->switch_bucket >= 0)
     rec.attention_switch(impl_->switch_bucket, layer, q, out, q_stride, out_stride);
   else
@@ -87,7 +87,7 @@ void Recorder::append(const BucketPlan& plan, int layer) {
   const LayerBuffers& lb = layers_[layer];
   AppendArgs a;
   a.spec = plans_.groups().spec_of(layer);
-  a.num_tokens = plan.batch;  // padded rows carry slot -1 and are skipped
+  a.num_tokens = plan.batch * plan.q_len;  // [batch, q_len] tokens; padded ones carry slot -1 and are skipped
   a.num_blocks = cfg_.num_blocks;
   a.key = lb.new_key;
   a.value = lb.new_value;
@@ -99,10 +99,14 @@ void Recorder::append(const BucketPlan& plan, int layer) {
   a.k_scale = lb.k_scale;  // NOTE(graph): fp8 scales are read when the append runs
   a.v_scale = lb.v_scale;
   // NOTE(graph): the staged lengths and tables: each slot is checked against its position (one
-  // compare per token) and a wrong one skipped and reported through the bad-block flag.
-  a.seq_lens = targets_.inputs.seq_lens;
-  a.block_tables = targets_.inputs.block_tables;
-  a.block_table_stride = cfg_.max_blocks_per_seq;
+  // compare per token) and a wrong one skipped and reported through the bad-block flag. AppendArgs
+  // takes one length and table row per token, so with q_len > 1 tokens per sequence only the
+  // cache-range check runs on the device (kFull checks every position on the host).
+  if (plan.q_len == 1) {
+    a.seq_lens = targets_.inputs.seq_lens;
+    a.block_tables = targets_.inputs.block_tables;
+    a.block_table_stride = cfg_.max_blocks_per_seq;
+  }
   a.bad_slot = targets_.bad_block;
   backend_.append(a);
 }
@@ -135,6 +139,7 @@ void Recorder::attention(const BucketPlan& p, int layer, const void* q, void* ou
   DecodeArgs a;
   a.spec = plans_.groups().spec_of(layer);
   a.num_seqs = p.batch;          // NOTE(graph): the bucket's padded batch, padded rows have length 0
+  a.q_len = p.q_len;             // q/out rows [batch, q_len]
   a.max_seq_len = p.launch_len;  // NOTE(graph): sizes the grid; >= band_hi of every bucket replaying it
   a.block_table_stride = cfg_.max_blocks_per_seq;
   a.num_blocks = cfg_.num_blocks;

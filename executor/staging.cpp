@@ -9,25 +9,26 @@
 #include "decodegraph/error.hpp"
 #include "executor/layer_groups.hpp"
 #include "executor/log.hpp"
+#include "executor/plan.hpp"
 #include "kernels/decode_math.hpp"
 #include "kernels/validate.hpp"
 
 namespace decodegraph::detail {
 std::size_t StepStaging::device_bytes(const ExecutorConfig& c) {
   const std::size_t mb = static_cast<std::size_t>(c.max_batch);
-  return mb * sizeof(int32_t) + mb * c.max_blocks_per_seq * sizeof(int32_t) + mb * sizeof(int64_t);
+  return mb * sizeof(int32_t) + mb * c.max_blocks_per_seq * sizeof(int32_t) + max_rows(c) * sizeof(int64_t);
 }
 
 StepStaging::StepStaging(const ExecutorConfig& config, BandSelect band_mode, Backend& backend, Allocations& memory)
     : cfg_(config), widest_window_(widest_window(config)), band_mode_(band_mode), backend_(backend), ring_(config, backend, memory) {
   const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
   const std::size_t seq_bytes = mb * sizeof(int32_t);
-  const std::size_t slot_bytes = mb * sizeof(int64_t);
+  const std::size_t slot_bytes = max_rows(cfg_) * sizeof(int64_t);
   dev_.seq_lens = static_cast<int32_t*>(memory.device(seq_bytes));
   dev_.block_tables = static_cast<int32_t*>(memory.device(mirror_table_bytes()));
   dev_.slot_mapping = static_cast<int64_t*>(memory.device(slot_bytes));
   seq_scratch_.resize(mb);
-  slot_scratch_.resize(mb);
+  slot_scratch_.resize(max_rows(cfg_));
 }
 
 std::size_t StepStaging::mirror_table_bytes() const {
@@ -43,8 +44,14 @@ Lengths StepStaging::validate(const StepInputs& in) {
     throw_invalid("inputs.space", static_cast<int>(in.space), "kHost or kDevice");
   if (!in.seq_lens) throw_invalid("inputs.seq_lens", "null", "a pointer to num_seqs lengths");
   if (!in.block_tables) throw_invalid("inputs.block_tables", "null", "a pointer to num_seqs block-table rows");
+  if (std::find(cfg_.q_lens.begin(), cfg_.q_lens.end(), in.q_len) == cfg_.q_lens.end())
+    throw_invalid("inputs.q_len", in.q_len,
+                  "one of config().q_lens = " + list_text(cfg_.q_lens) + " (the q_lens graphs are made for)");
   if (!in.slot_mapping && cfg_.append_kv)
-    throw_invalid("inputs.slot_mapping", "null", "a pointer to num_seqs slots (append_kv is on)");
+    throw_invalid("inputs.slot_mapping", "null",
+                  in.q_len == 1 ? std::string("a pointer to num_seqs slots (append_kv is on)")
+                                : "a pointer to num_seqs x q_len = " + std::to_string(in.num_seqs) + " x " +
+                                      std::to_string(in.q_len) + " slots (append_kv is on)");
   if (in.max_seq_len < 0 || in.max_seq_len > cfg_.max_seq_len)
     throw_invalid("inputs.max_seq_len", in.max_seq_len,
                   "0 (no hint) or 1..max_seq_len = 1.." + std::to_string(cfg_.max_seq_len));
@@ -85,9 +92,11 @@ int StepStaging::check_lengths(const StepInputs& in, const int32_t* lens) const 
   int max_len = 0;
   for (int i = 0; i < n; ++i) {
     const int len = lens[i];
-    if (len < 1 || len > cfg_.max_seq_len)
+    if (len < in.q_len || len > cfg_.max_seq_len)
       throw_invalid("inputs.seq_lens[" + std::to_string(i) + "]", len,
-                    "1..max_seq_len = 1.." + std::to_string(cfg_.max_seq_len));
+                    (in.q_len > 1 ? "q_len..max_seq_len = " : "1..max_seq_len = ") + std::to_string(in.q_len) + ".." +
+                        std::to_string(cfg_.max_seq_len) +
+                        (in.q_len > 1 ? " (seq_lens count the step's q_len new tokens)" : ""));
     max_len = std::max(max_len, len);
   }
   if (in.max_seq_len != 0 && max_len > in.max_seq_len) {
@@ -113,7 +122,8 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
     ++input_downloads_;
     bt = bt_scratch_.data();
     if (slots) {
-      backend_.download(slot_scratch_.data(), in.slot_mapping, n * sizeof(int64_t), in.space);
+      backend_.download(slot_scratch_.data(), in.slot_mapping, static_cast<std::size_t>(n) * in.q_len * sizeof(int64_t),
+                        in.space);
       ++input_downloads_;
       slots = slot_scratch_.data();
     }
@@ -121,23 +131,33 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
   for (int i = 0; i < n; ++i) {
     const int used = (lens[i] + bs - 1) / bs;
     const int32_t* row = bt + static_cast<std::size_t>(i) * in.block_table_stride;
-    for (int j = math::window_origin(lens[i], widest_window_, bs) / bs; j < used; ++j)
+    // q_len rows read from their first row's window on (math::read_window).
+    for (int j = math::window_origin(lens[i], math::read_window(widest_window_, in.q_len), bs) / bs; j < used; ++j)
       if (row[j] < 0 || row[j] >= cfg_.num_blocks)
         throw_invalid("inputs.block_tables[" + std::to_string(i) + "][" + std::to_string(j) + "]",
                       row[j], "0..num_blocks-1 = 0.." + std::to_string(cfg_.num_blocks - 1));
   }
   if (!slots) return;
   const int64_t cap = static_cast<int64_t>(cfg_.num_blocks) * bs;
-  for (int i = 0; i < n; ++i)
-    if (slots[i] >= cap)
-      throw_invalid("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i],
-                    "negative (skip) or 0..num_blocks*block_size-1 = 0.." + std::to_string(cap - 1));
-  // seq_lens includes this step's token, so its slot is that of position seq_len - 1. A slot of
-  // position seq_len (lengths counted before the append) is the classic off-by-one: the attention
-  // would read a stale token at seq_len - 1 and the new one would land past the length.
-  for (int i = 0; i < n; ++i) {
-    if (slots[i] < 0) continue;
-    require_position_slot("inputs.slot_mapping[" + std::to_string(i) + "]", slots[i], lens[i],
+  const int q = in.q_len;
+  // Entry t = i * q + j: token j of sequence i. Named by its index, and for q > 1 its (i, j).
+  auto slot_name = [&](int t) {
+    std::string s = "inputs.slot_mapping[" + std::to_string(t) + "]";
+    if (q > 1)
+      s += " (sequence " + std::to_string(t / q) + ", token " + std::to_string(t % q) + " of q_len " + std::to_string(q) +
+           ": position seq_len - q_len + " + std::to_string(t % q) + " = " + std::to_string(lens[t / q] - q + t % q) + ")";
+    return s;
+  };
+  for (int t = 0; t < n * q; ++t)
+    if (slots[t] >= cap)
+      throw_invalid(slot_name(t), slots[t], "negative (skip) or 0..num_blocks*block_size-1 = 0.." + std::to_string(cap - 1));
+  // seq_lens includes this step's tokens, so token j's slot is that of position seq_len - q + j (the
+  // last, seq_len - 1). A slot of position seq_len (lengths counted before the append) is the classic
+  // off-by-one: the attention would read a stale token and the new one would land past the length.
+  for (int t = 0; t < n * q; ++t) {
+    if (slots[t] < 0) continue;
+    const int i = t / q;
+    require_position_slot(slot_name(t), slots[t], lens[i] - q + 1 + t % q,
                           bt + static_cast<std::size_t>(i) * in.block_table_stride, in.block_table_stride, bs,
                           cfg_.num_blocks, "inputs.block_tables[" + std::to_string(i) + "]");
   }
@@ -149,7 +169,8 @@ void StepStaging::stage(const StepInputs& in, int batch, int band_len) { stage_i
 
 void StepStaging::stage_inputs(const StepInputs& in, int batch, int band_len, bool synthetic) {
   const int n = in.num_seqs;
-  const int slots = in.slot_mapping ? n : 0;  // rows [slots, batch) get slot -1
+  const int tokens = batch * in.q_len;                  // the append's [batch, q_len] slots
+  const int slots = in.slot_mapping ? n * in.q_len : 0;  // tokens [slots, tokens) get slot -1
   // band_len 0: the lengths were not read (kDevice, device inputs): every column the row may use.
   const std::size_t cols =
       band_len > 0 ? static_cast<std::size_t>((band_len + cfg_.spec.block_size - 1) / cfg_.spec.block_size)
@@ -167,8 +188,8 @@ void StepStaging::stage_inputs(const StepInputs& in, int batch, int band_len, bo
     backend_.stage_2d(dev_.seq_lens, 0, in.seq_lens, 0, n * sizeof(int32_t), 1, in.space);
     if (pad) backend_.stage_fill(dev_.seq_lens + n, 0, pad * sizeof(int32_t));
     if (slots) backend_.stage_2d(dev_.slot_mapping, 0, in.slot_mapping, 0, slots * sizeof(int64_t), 1, in.space);
-    if (slots < batch)
-      backend_.stage_fill(dev_.slot_mapping + slots, 0xff, (batch - slots) * sizeof(int64_t));  // -1
+    if (slots < tokens)
+      backend_.stage_fill(dev_.slot_mapping + slots, 0xff, (tokens - slots) * sizeof(int64_t));  // -1
     backend_.stage_2d(dev_.block_tables, dpitch, in.block_tables, spitch, cols * sizeof(int32_t), n, in.space);
   }
 }
@@ -176,7 +197,8 @@ void StepStaging::stage_inputs(const StepInputs& in, int batch, int band_len, bo
 // Host inputs: into the pinned mirrors (unless already there), padded rows filled, then one DMA each.
 void StepStaging::stage_host(const StepInputs& in, int batch, std::size_t cols, const StagingRing::Slot& m) {
   const int n = in.num_seqs;
-  const int slots = in.slot_mapping ? n : 0;
+  const int tokens = batch * in.q_len;
+  const int slots = in.slot_mapping ? n * in.q_len : 0;
   const std::size_t dpitch = static_cast<std::size_t>(cfg_.max_blocks_per_seq) * sizeof(int32_t);
   const std::size_t spitch = static_cast<std::size_t>(in.block_table_stride) * sizeof(int32_t);
   const std::size_t width = cols * sizeof(int32_t);
@@ -189,7 +211,7 @@ void StepStaging::stage_host(const StepInputs& in, int batch, std::size_t cols, 
     std::memcpy(m.slot_mapping, in.slot_mapping, slots * sizeof(int64_t));
     staging_copy_bytes_ += slots * sizeof(int64_t);
   }
-  std::fill(m.slot_mapping + slots, m.slot_mapping + batch, int64_t{-1});
+  std::fill(m.slot_mapping + slots, m.slot_mapping + tokens, int64_t{-1});
   if (in.block_tables != m.block_tables) {
     for (int i = 0; i < n; ++i)
       std::memcpy(reinterpret_cast<char*>(m.block_tables) + i * dpitch,
@@ -197,17 +219,19 @@ void StepStaging::stage_host(const StepInputs& in, int batch, std::size_t cols, 
     staging_copy_bytes_ += static_cast<long long>(n) * width;
   }
   backend_.stage_2d(dev_.seq_lens, 0, m.seq_lens, 0, batch * sizeof(int32_t), 1, MemorySpace::kHost);
-  backend_.stage_2d(dev_.slot_mapping, 0, m.slot_mapping, 0, batch * sizeof(int64_t), 1, MemorySpace::kHost);
+  backend_.stage_2d(dev_.slot_mapping, 0, m.slot_mapping, 0, tokens * sizeof(int64_t), 1, MemorySpace::kHost);
   backend_.stage_2d(dev_.block_tables, dpitch, m.block_tables, dpitch, width, n, MemorySpace::kHost);
 }
 
 void StepStaging::stage_synthetic(const BucketPlan& plan) {
-  const int len = plan.band_lo + (plan.band_hi - plan.band_lo + 1) / 2;
+  // At least q_len: a step's lengths count its q_len tokens.
+  const int len = std::max(plan.q_len, plan.band_lo + (plan.band_hi - plan.band_lo + 1) / 2);
   const int cols = (len + cfg_.spec.block_size - 1) / cfg_.spec.block_size;
   std::vector<int32_t> lens(plan.batch, len), tables(static_cast<std::size_t>(plan.batch) * cols);
   for (std::size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i % cfg_.num_blocks);
   StepInputs in;
   in.num_seqs = plan.batch;
+  in.q_len = plan.q_len;
   in.seq_lens = lens.data();
   in.block_tables = tables.data();
   in.block_table_stride = cols;

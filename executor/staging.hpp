@@ -30,7 +30,7 @@ struct Lengths {
 struct StagedInputs {
   int32_t* seq_lens = nullptr;      // [max_batch]
   int32_t* block_tables = nullptr;  // [max_batch, max_blocks_per_seq]
-  int64_t* slot_mapping = nullptr;  // [max_batch]
+  int64_t* slot_mapping = nullptr;  // [max_batch, max q_len]: a step's [batch, q_len] (padded: -1)
 };
 
 class StepStaging {
@@ -46,10 +46,11 @@ class StepStaging {
   /// kHost (num_seqs * 4 bytes, synchronously on the step's stream) to find the band; with one,
   /// or under kDevice, nothing is read back under kCheap. kFull copies and checks everything:
   /// lengths (against the hint too), every block id a length uses, and every slot (range, and the
-  /// position seq_len - 1 of its sequence). Throws InvalidArgument; nothing is staged.
+  /// position of its token: seq_len - q_len + j for column j). The step's q_len must be one of the
+  /// config's and every length read at least it. Throws InvalidArgument; nothing is staged.
   Lengths validate(const StepInputs& in);
   /// Copies the inputs into the static buffers for a bucket of `batch` rows. Rows [num_seqs,
-  /// batch) get seq_len 0 and slot -1. Only the block-table columns band_len needs are copied (0:
+  /// batch) get seq_len 0 and their q_len slots -1. Only the block-table columns band_len needs are copied (0:
   /// every column the rows may use): the kernels never read past a row's length, clamped to the
   /// band. Host inputs go through the pinned mirrors, unless they were written there already
   /// (host_staging()): then only the DMA remains.
@@ -58,6 +59,7 @@ class StepStaging {
   /// ids, and no slots: what kMeasured times where no real step is staged for the band. Through the
   /// ring's spare slot, so the mirrors holding the caller's inputs (written through host_staging())
   /// for the step being run, or handed out for the next one, are left alone.
+  /// Its lengths are at least plan.q_len.
   void stage_synthetic(const BucketPlan& plan);
   /// The next slot of pinned mirrors, once the copies that last read it have (StagingRing::hand_out).
   HostStaging host_staging();

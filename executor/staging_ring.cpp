@@ -6,6 +6,7 @@
 
 #include "decodegraph/error.hpp"
 #include "executor/log.hpp"
+#include "executor/plan.hpp"
 
 namespace decodegraph::detail {
 namespace {
@@ -24,7 +25,7 @@ StagingRing::StagingRing(const ExecutorConfig& config, Backend& backend, Allocat
     : cfg_(config), backend_(backend) {
   const std::size_t mb = static_cast<std::size_t>(cfg_.max_batch);
   auto aligned = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };  // each buffer 256-byte aligned
-  const std::size_t lens = aligned(mb * sizeof(int32_t)), slots = aligned(mb * sizeof(int64_t));
+  const std::size_t lens = aligned(mb * sizeof(int32_t)), slots = aligned(max_rows(cfg_) * sizeof(int64_t));
   const std::size_t per_slot = lens + slots + aligned(table_bytes());
   per_slot_ = per_slot;
   ring_bytes_ = per_slot * kStagingSlots;
@@ -70,7 +71,7 @@ HostStaging StagingRing::hand_out() {
   h.seq_lens = std::span<int32_t>(s.seq_lens, mb);
   h.block_tables = std::span<int32_t>(s.block_tables, mb * cfg_.max_blocks_per_seq);
   h.block_table_stride = cfg_.max_blocks_per_seq;
-  h.slot_mapping = std::span<int64_t>(s.slot_mapping, mb);
+  h.slot_mapping = std::span<int64_t>(s.slot_mapping, max_rows(cfg_));
   return h;
 }
 
@@ -101,7 +102,8 @@ int StagingRing::slot_of(const StepInputs& in) const {
     return static_cast<std::size_t>(static_cast<const char*>(p) - base_);
   };
   check(in.seq_lens, n * sizeof(int32_t), offset(slots_[0].seq_lens), "seq_lens");
-  check(in.slot_mapping, n * sizeof(int64_t), offset(slots_[0].slot_mapping), "slot_mapping");
+  const std::size_t q = static_cast<std::size_t>(std::max(1, in.q_len));
+  check(in.slot_mapping, n * q * sizeof(int64_t), offset(slots_[0].slot_mapping), "slot_mapping");
   check(in.block_tables, rows * sizeof(int32_t), offset(slots_[0].block_tables), "block_tables");
   if (found >= 0 && in.space != MemorySpace::kHost)
     throw_invalid("inputs.space", "kDevice", "kHost for inputs in the host staging buffers");

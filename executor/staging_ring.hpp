@@ -27,7 +27,7 @@ class StagingRing {
   struct Slot {
     int32_t* seq_lens = nullptr;      // [max_batch]
     int32_t* block_tables = nullptr;  // [max_batch, max_blocks_per_seq]
-    int64_t* slot_mapping = nullptr;  // [max_batch]
+    int64_t* slot_mapping = nullptr;  // [max_batch * max q_len]
   };
 
   StagingRing(const ExecutorConfig& config, Backend& backend, Allocations& memory);

@@ -33,7 +33,7 @@ BandSelect choose_band_select(const ExecutorConfig& c, Backend& backend, spdlog:
 
 std::size_t switch_graphs_device_bytes(const ExecutorConfig& c) {
   const std::size_t bands = c.band_edges.size();
-  return bands * sizeof(int) + c.batch_buckets.size() * bands * sizeof(unsigned long long);
+  return bands * sizeof(int) + c.q_lens.size() * c.batch_buckets.size() * bands * sizeof(unsigned long long);
 }
 
 namespace {
@@ -51,6 +51,7 @@ class SwitchGraphs final : public GraphCache {
       g.plan = p_.plans.bucket_graph_plan(b);
       g.stats.graph_id = b;
       g.stats.batch = g.plan.batch;
+      g.stats.q_len = g.plan.q_len;
       g.stats.band = 0;
       g.stats.last_band = bands_ - 1;
       g.stats.buckets = bands_;
@@ -137,8 +138,9 @@ class SwitchGraphs final : public GraphCache {
   void describe_step(int bucket, const Lengths& lens, GraphSlot& target, StepResult& r) const override {
     target.stats.graph_id = bucket;
     target.plan = p_.plans.bucket_graph_plan(bucket);
-    r.bucket = BucketIndex(bucket);
+    r.bucket = BucketIndex(p_.plans.batch_bucket_of(bucket));
     r.bucket_batch_size = p_.plans.plan(bucket, 0).batch;
+    r.q_len = p_.plans.q_len_of(bucket);
     r.band_on_device = true;
     r.graph_id = bucket;
     r.band = -1;
@@ -158,13 +160,14 @@ class SwitchGraphs final : public GraphCache {
   void capture_bucket(int b) {
     GraphSlot& slot = slots_[static_cast<std::size_t>(b)];
     slot.plan = p_.plans.bucket_graph_plan(b);  // kMeasured may have moved it
-    capture(slot, "batch bucket " + std::to_string(b) + " (batch " + std::to_string(slot.plan.batch) +
+    capture(slot, "batch bucket " + std::to_string(p_.plans.batch_bucket_of(b)) + " (batch " +
+                      std::to_string(slot.plan.batch) + ", q_len " + std::to_string(slot.plan.q_len) +
                       ", every band; BandSelect::kDevice)");
   }
 
   const int bands_;
   int* edges_ = nullptr;                   // [bands] band edges (executor memory)
-  unsigned long long* counts_ = nullptr;   // [buckets, bands] branch executions
+  unsigned long long* counts_ = nullptr;   // [(q_len, batch) buckets, bands] branch executions
 };
 
 }  // namespace

@@ -135,6 +135,20 @@ DG_HD int window_read_max(int max_len, int window, int block_size) {
   return window > 0 && window <= max_len - block_size ? window + block_size - 1 : max_len;
 }
 
+/// The window the reads of a q_len-row step cover: W + q_len - 1 (0 without a window). Row 0, at
+/// position len - q_len, attends from len - q_len + 1 - W on, the earliest of the rows; so the reads
+/// (window_origin, window_read_max, the block-table entries checked) use this window, and each row
+/// masks its own first position, window_first(row_len(len, q_len, j), W).
+DG_HD int read_window(int window, int q_len) { return window > 0 ? window + q_len - 1 : 0; }
+/// Tokens row j of a q_len-row step of a `len`-token sequence sees: its query sits at len - q_len + j.
+DG_HD int row_len(int len, int q_len, int j) { return len - q_len + 1 + j; }
+/// DecodeParams::window_span of a window W: W - 1, or INT_MAX without one.
+DG_HD uint32_t window_span(int window) { return window > 0 ? static_cast<uint32_t>(window - 1) : 0x7fffffffu; }
+/// Whether a row whose query sits `rel` = pos - query positions from a token attends it: 0 >= rel
+/// >= -(W - 1). rel > 0 (after the query) wraps -rel above INT_MAX, so one unsigned compare checks
+/// the window and the causal end.
+DG_HD bool attends(int rel, uint32_t span) { return static_cast<uint32_t>(-rel) <= span; }
+
 /// Soft-cap of a base-2 logit: cap2 * tanh(s2 / cap2) with cap2 = c * log2(e) > 0, which is
 /// c * tanh(s / c) in natural units times log2(e). Callers branch on cap2 > 0 (off: the logit as
 /// it is), so a layer without a cap pays one uniform branch, never the tanh.

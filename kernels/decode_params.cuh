@@ -55,9 +55,19 @@ struct DecodeParams {
   /// V2: partitions per (seq, head) in the partials; V1: 1.
   int max_partitions = 1;
   float scale = 1.0f;
+  float scale2 = 1.0f;  ///< scale * log2(e) (math::kLog2e), formed once per launch: base-2 logits
   /// Sliding window W (0: none): partitions start at the window's first block (math::window_origin),
   /// and tokens before len - W in it are masked; blocks before it are never read.
   int window = 0;
+  /// Query rows per sequence (DecodeArgs::q_len): q and out hold num_seqs * q_len rows; row j of a
+  /// sequence of L tokens attends t <= L - q_len + j. The reads follow read_window =
+  /// math::read_window(window, q_len) (row 0's); each row masks its own window and its causal end.
+  int q_len = 1;
+  int read_window = 0;
+  /// math::window_span(window): a row attends the tokens whose distance before its query,
+  /// (unsigned)(query - pos), is at most this (W - 1; INT_MAX without a window, which also masks
+  /// every token after the query: its distance wraps above INT_MAX). One compare masks both ends.
+  uint32_t window_span = 0x7fffffffu;
   /// Soft-cap in base 2 (c * log2(e)); 0: off.
   float cap2 = 0.0f;
   float cap2_k = 0.0f;  ///< math::softcap2_k(cap2), formed once per launch
@@ -69,11 +79,26 @@ struct DecodeParams {
   bool write_partials = false;
 
   // Filled by launch_paged_decode from the policy (the launcher's callers leave them alone).
-  int group_size = 0;       // num_q_heads / num_kv_heads
-  int heads_per_block = 0;  // query heads (warps) a block serves
+  int q_group = 0;          // num_q_heads / num_kv_heads: the query heads of one KV head
+  /// The query rows one KV head serves (pass1_rows): row v (0 .. group_size - 1) is query token
+  /// v >> q_shift of the sequence and head kv_head * q_group + (v & q_mask), a padding row when
+  /// (v & q_mask) >= q_group (q_row_token, q_row_head, q_row_real). One token: q_shift 31, q_mask
+  /// ~0, so row v is head v, as before rows had tokens.
+  int group_size = 0;
+  int q_shift = 31;
+  int q_mask = -1;
+  int heads_per_block = 0;  // query rows (warps) a block serves
   int head_chunks = 0;      // ceil(group_size / heads_per_block); grid y = kv_heads * head_chunks
   int block_size_log2 = 0;
 };
+
+/// Query row v of a KV head (DecodeParams::group_size): its token within the sequence, its head,
+/// and whether it is a real row (not padding).
+__host__ __device__ inline int q_row_token(const DecodeParams& p, int v) { return v >> p.q_shift; }
+__host__ __device__ inline int q_row_head(const DecodeParams& p, int kv_head, int v) {
+  return kv_head * p.q_group + (v & p.q_mask);
+}
+__host__ __device__ inline bool q_row_real(const DecodeParams& p, int v) { return (v & p.q_mask) < p.q_group; }
 
 /// Pass 2 of V2.
 struct MergeParams {
@@ -90,9 +115,10 @@ struct MergeParams {
   int partition_size = 0;
   int max_partitions = 0;
   /// As DecodeParams': partitions start at the window's first block; the sinks join the denominator.
-  int window = 0;
+  int window = 0;            // DecodeParams::read_window
   int block_size = 0;
   const float* sinks = nullptr;
+  int q_len = 1;             // query rows per sequence: num_seqs counts rows, seq_lens sequences
 };
 
 /// KV append (vLLM reshape_and_cache).

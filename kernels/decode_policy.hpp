@@ -57,6 +57,9 @@ inline constexpr int kPass1MaxRegisters = 80;
 constexpr int tc_pass1_max_registers(int d, KVLayout layout, bool fp8 = false) {
   if (fp8) return d <= 128 ? 96 : d == 192 ? 128 : 160;
   if (d == 256) return 128;
+  // NHD head 192: 88 (5 blocks per SM, as the vLLM layout's) since the q_len rows (issue 18): at
+  // 80 ptxas spilled one register around the main loop whatever was moved.
+  if (layout == KVLayout::kNHD && d == 192) return 88;
   return layout == KVLayout::kNHD ? 80 : 96;
 }
 
@@ -280,6 +283,12 @@ constexpr int pass1_heads_per_block_for(int group) {
 constexpr bool pass1_uses_tensor_cores(int elem_bytes, int group) {
   return elem_bytes == 1 || (elem_bytes == 2 && group >= 4);
 }
+/// Query rows a pass-1 block's KV head serves for `group` heads and q_len tokens (DecodeParams::
+/// group_size): the group itself for one token; for more, q_len slots of next_pow2(group) rows
+/// (row v: token v >> log2, head v & (slots - 1); rows whose head is past the group are padding),
+/// so that a row's token and head are a shift and a mask. The math follows this count.
+constexpr int pass1_rows(int group, int q_len) { return q_len <= 1 ? group : next_pow2(group) * q_len; }
+
 /// The one run-time to compile-time switch over head sizes of the host-side policy queries:
 /// f(std::integral_constant<int, D>{}) for a supported head size d, `otherwise` for any other.
 template <class F, class R>

@@ -26,6 +26,9 @@
 // window's first cache block and masks that block's tokens before the window to -inf (after the
 // soft-cap, which each logit takes right after its scale and bias); an attention sink enters V1's
 // final denominator, and V2's merge, once per row.
+// q_len > 1: a KV head's pass serves its group's heads for every query row (rows = group x q_len,
+// the math chosen by that count, as the launcher does); each row masks what lies after its query
+// and before its own window. Partials and the merge are per (sequence, row, head).
 // fp32 accumulation throughout. Rows with seq_len 0 (executor padding) leave out untouched. q and
 // out rows honour q_stride / out_stride (e.g. q inside a fused QKV buffer).
 #include <algorithm>
@@ -142,6 +145,8 @@ std::vector<Run> compile_runs(const std::vector<int64_t>& rel) {
 struct Geometry {
   const AttentionSpec& s;
   int hs, bs, group, x;
+  int q_len;           // query rows per sequence
+  int rows;            // query rows a KV head serves: group * q_len, row v = (token v / group, head v % group)
   float scale;         // the softmax scale
   float scale2;        // scale * log2(e): logits in base 2, as the kernels keep them (kv_dtype auto)
   float cap2;          // the soft-cap in base 2 (c * log2(e)); 0: off
@@ -151,17 +156,19 @@ struct Geometry {
   int chunk;           // tokens converted at once: whole cache blocks covering whole tiles
   std::vector<Run> k_runs, v_runs;
 
-  explicit Geometry(const AttentionSpec& spec)
+  Geometry(const AttentionSpec& spec, int n)
       : s(spec),
         hs(spec.head_size),
         bs(spec.block_size),
         group(spec.num_q_heads / spec.num_kv_heads),
         x(math::vllm_x(static_cast<int>(spec.kv_elem_size()))),
+        q_len(n),
+        rows(group * n),
         scale(spec.effective_scale()),
         scale2(spec.effective_scale() * math::kLog2e),
         cap2(spec.logit_softcap * math::kLog2e),
         cap2_k(math::softcap2_k(cap2)),
-        tensor_cores(kernels::pass1_uses_tensor_cores(static_cast<int>(spec.kv_elem_size()), group)),
+        tensor_cores(kernels::pass1_uses_tensor_cores(static_cast<int>(spec.kv_elem_size()), kernels::pass1_rows(group, n))),
         tile(kernels::pass1_tile_tokens(static_cast<int>(spec.kv_elem_size()), spec.head_size)),
         chunk(std::max(bs, tile)) {
     std::vector<int64_t> k_rel(static_cast<std::size_t>(bs) * hs), v_rel(k_rel.size());
@@ -196,21 +203,30 @@ void load_tile(const E& e, const typename E::T* base, const std::vector<Run>& ru
   }
 }
 
-// Online-softmax state of the `group` query heads of one KV head over a token range. m is in
-// base 2; l and acc are relative to it (and, on the tensor-core path with fp16, scaled by 2^15).
+// Online-softmax state of the query rows (group heads x q_len tokens) of one KV head over a token
+// range. m is in base 2; l and acc are relative to it (and, on the tensor-core path with fp16,
+// scaled by 2^15).
 struct GroupState {
-  std::vector<float> q;      // [group, head_size] (fp8 caches: as the kernel converts it)
-  std::vector<float> slope2;  // [group], ALiBi slope * log2(e)
-  std::vector<float> scale2;  // [group], the logit scale in base 2 (fp8: with k_scale and 2^-s)
+  std::vector<float> q;      // [rows, head_size] (fp8 caches: as the kernel converts it)
+  std::vector<float> slope2;  // [rows], ALiBi slope * log2(e)
+  std::vector<float> scale2;  // [rows], the logit scale in base 2 (fp8: with k_scale and 2^-s)
+  std::vector<int> first, len;  // [rows]: the row's first attended position and its length (query at len - 1)
   float vscale = 1.0f;        // fp8: v_scale of the KV head
-  std::vector<float> m, l;   // [group]
-  std::vector<float> acc;    // [group, head_size]
+  std::vector<float> m, l;   // [rows]
+  std::vector<float> acc;    // [rows, head_size]
   std::vector<float> kf, vf, s;  // one chunk of whole cache blocks: [chunk, head_size] x2, [tile]
 
   GroupState(const Geometry& g)
-      : q(static_cast<std::size_t>(g.group) * g.hs), slope2(g.group), scale2(g.group, g.scale2), m(g.group), l(g.group),
-        acc(static_cast<std::size_t>(g.group) * g.hs), kf(static_cast<std::size_t>(g.chunk) * g.hs),
-        vf(kf.size()), s(g.tile) {}
+      : q(static_cast<std::size_t>(g.rows) * g.hs), slope2(g.rows), scale2(g.rows, g.scale2), first(g.rows),
+        len(g.rows), m(g.rows), l(g.rows), acc(static_cast<std::size_t>(g.rows) * g.hs),
+        kf(static_cast<std::size_t>(g.chunk) * g.hs), vf(kf.size()), s(g.tile) {}
+  /// Row v's length and first position for a sequence of seq_len tokens (q_len rows).
+  void set_lengths(const Geometry& g, int seq_len) {
+    for (int v = 0; v < g.rows; ++v) {
+      len[v] = math::row_len(seq_len, g.q_len, v / g.group);
+      first[v] = math::window_first(len[v], g.s.sliding_window);
+    }
+  }
   void reset() {
     std::fill(m.begin(), m.end(), math::neg_inf());
     std::fill(l.begin(), l.end(), 0.0f);
@@ -239,12 +255,12 @@ float pv_weight(bool tensor_cores, float x) {
 }
 
 // Folds tokens [t0, t1) of one sequence's KV head `kvh` into st: chunks of whole cache blocks
-// (t0 is a multiple of the block size), one online-softmax step per kernel tile from t0 on. Tokens
-// before `first` (the window's first position) are masked to -inf.
+// (t0 is a multiple of the block size), one online-softmax step per kernel tile from t0 on. Each
+// row masks to -inf the tokens before its first position (a window) and after its query (q_len > 1).
 // E: the math's element type (its weights on tensor cores; fp16 for fp8 caches); C: the cache's.
 template <class E, class C>
 void attend(const Geometry& g, const C& e, const typename C::T* kc, const typename C::T* vc,
-            const int32_t* table, int len, int first, int kvh, int t0, int t1, GroupState& st) {
+            const int32_t* table, int kvh, int t0, int t1, GroupState& st) {
   const int hs = g.hs, bs = g.bs;
   const float shift = g.tensor_cores ? static_cast<float>(E::kWeightShift) : 0.0f;
   for (int c = t0; c < t1; c += g.chunk) {
@@ -258,14 +274,14 @@ void attend(const Geometry& g, const C& e, const typename C::T* kc, const typena
       const int n = std::min(g.tile, t1 - ts);
       const float* kt = st.kf.data() + static_cast<std::size_t>(ts - c) * hs;
       const float* vt = st.vf.data() + static_cast<std::size_t>(ts - c) * hs;
-      for (int h = 0; h < g.group; ++h) {
+      for (int h = 0; h < g.rows; ++h) {
         const float* q = st.q.data() + static_cast<std::size_t>(h) * hs;
         float tile_max = math::neg_inf();
         for (int i = 0; i < n; ++i) {
           float s = math::logit2(dot(q, kt + static_cast<std::size_t>(i) * hs, hs), st.scale2[h],
-                                 math::alibi_bias2(st.slope2[h], ts + i, len));
+                                 math::alibi_bias2(st.slope2[h], ts + i, st.len[h]));
           if (g.cap2 > 0.0f) s = math::softcap2(s, g.cap2, g.cap2_k);
-          st.s[i] = ts + i < first ? math::neg_inf() : s;
+          st.s[i] = ts + i < st.first[h] || ts + i >= st.len[h] ? math::neg_inf() : s;
           tile_max = std::max(tile_max, st.s[i]);
         }
         float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
@@ -297,8 +313,12 @@ void check_host_contents(const DecodeArgs& a) {
     const int len = a.seq_lens[i];
     require(len >= 0 && len <= a.max_seq_len, "seq_lens[" + std::to_string(i) + "]", len,
             len_allowed);
+    if (len > 0)
+      require(len >= a.q_len, "seq_lens[" + std::to_string(i) + "]", len,
+              "0 (padded row) or at least q_len = " + std::to_string(a.q_len));
     const int32_t* row = a.block_tables + static_cast<int64_t>(i) * a.block_table_stride;
-    const int j0 = math::window_origin(len, a.spec.sliding_window, a.spec.block_size) / a.spec.block_size;
+    const int win = math::read_window(a.spec.sliding_window, a.q_len);
+    const int j0 = math::window_origin(len, win, a.spec.block_size) / a.spec.block_size;
     for (int j = j0; j < num_partitions(len, a.spec.block_size); ++j)
       require(row[j] >= 0 && row[j] < a.num_blocks,
               "block_tables[" + std::to_string(i) + "][" + std::to_string(j) + "]", row[j],
@@ -316,9 +336,10 @@ void load_group(const DecodeArgs& a, const Geometry& g, const E& e, int seq, int
                 GroupState& st) {
   const auto* q = static_cast<const typename E::T*>(a.q);
   const int si = a.spec.kv_scale_per_head ? kvh : 0;
-  for (int h = 0; h < g.group; ++h) {
-    const int qh = kvh * g.group + h;
-    const int64_t row = seq * detail::q_row_stride(a) + static_cast<int64_t>(qh) * g.hs;
+  for (int h = 0; h < g.rows; ++h) {
+    const int qh = kvh * g.group + h % g.group;
+    const int64_t qrow = static_cast<int64_t>(seq) * g.q_len + h / g.group;
+    const int64_t row = qrow * detail::q_row_stride(a) + static_cast<int64_t>(qh) * g.hs;
     float* qf = st.q.data() + static_cast<std::size_t>(h) * g.hs;
     for (int d = 0; d < g.hs; ++d) qf[d] = e.load(q[row + d]);
     st.slope2[h] = a.alibi_slopes ? a.alibi_slopes[qh] * math::kLog2e : 0.0f;
@@ -348,7 +369,7 @@ float out_value(float acc, float l, const GroupState& st) {
 // (weights are 2^(s - (m - shift))).
 float v1_denominator(const DecodeArgs& a, const Geometry& g, const GroupState& st, int kvh, int h, float shift) {
   if (a.sinks == nullptr) return st.l[h];
-  return st.l[h] + math::sink_weight2(a.sinks[kvh * g.group + h], st.m[h] - shift);
+  return st.l[h] + math::sink_weight2(a.sinks[kvh * g.group + h % g.group], st.m[h] - shift);
 }
 
 // E: q and out; C: the cache (E itself, or fp8 codes; the math is then fp16's, W).
@@ -356,7 +377,7 @@ template <class E, class C = E>
 void run_v1(const DecodeArgs& a) {
   constexpr bool kFp8 = is_fp8<C>();
   using W = std::conditional_t<kFp8, Fp16, E>;
-  const Geometry g(a.spec);
+  const Geometry g(a.spec, a.q_len);
   const E e{};
   const C c{};
   GroupState st(g);
@@ -368,13 +389,15 @@ void run_v1(const DecodeArgs& a) {
     const int len = a.seq_lens[seq];
     if (len == 0) continue;  // padded row
     const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
+    st.set_lengths(g, len);
+    const int origin = math::window_origin(len, math::read_window(a.spec.sliding_window, g.q_len), g.bs);
     for (int kvh = 0; kvh < a.spec.num_kv_heads; ++kvh) {
       load_group<E, kFp8>(a, g, e, seq, kvh, st);
       st.reset();
-      const int win = a.spec.sliding_window;
-      attend<W>(g, c, kc, vc, table, len, math::window_first(len, win), kvh, math::window_origin(len, win, g.bs), len, st);
-      for (int h = 0; h < g.group; ++h) {
-        const int64_t row = seq * detail::out_row_stride(a) + static_cast<int64_t>(kvh * g.group + h) * g.hs;
+      attend<W>(g, c, kc, vc, table, kvh, origin, len, st);
+      for (int h = 0; h < g.rows; ++h) {
+        const int64_t orow = static_cast<int64_t>(seq) * g.q_len + h / g.group;
+        const int64_t row = orow * detail::out_row_stride(a) + static_cast<int64_t>(kvh * g.group + h % g.group) * g.hs;
         const float* acc = st.acc.data() + static_cast<std::size_t>(h) * g.hs;
         const float l = v1_denominator(a, g, st, kvh, h, shift);
         for (int d = 0; d < g.hs; ++d) out[row + d] = E::store(out_value<kFp8>(acc[d], l, st));
@@ -387,7 +410,7 @@ template <class E, class C = E>
 void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* workspace) {
   constexpr bool kFp8 = is_fp8<C>();
   using W = std::conditional_t<kFp8, Fp16, E>;
-  const Geometry g(a.spec);
+  const Geometry g(a.spec, a.q_len);
   const E e{};
   const C c{};
   GroupState st(g);
@@ -405,21 +428,22 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
     const int len = a.seq_lens[seq];
     if (len == 0) continue;  // padded row
     const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
-    // Partitions of P tokens from the window's first block (0 without a window).
-    const int origin = math::window_origin(len, a.spec.sliding_window, g.bs);
-    const int first = math::window_first(len, a.spec.sliding_window);
+    // Partitions of P tokens from the window's first block (0 without a window): row 0's window.
+    const int origin = math::window_origin(len, math::read_window(a.spec.sliding_window, g.q_len), g.bs);
     const int parts = num_partitions(len - origin, P);
+    st.set_lengths(g, len);
 
     // Pass 1: partials per (KV head group, partition).
     for (int kvh = 0; kvh < a.spec.num_kv_heads; ++kvh) {
       load_group<E, kFp8>(a, g, e, seq, kvh, st);
       for (int p = 0; p < parts; ++p) {
         st.reset();
-        attend<W>(g, c, kc, vc, table, len, first, kvh, origin + p * P, std::min(len, origin + (p + 1) * P), st);
+        attend<W>(g, c, kc, vc, table, kvh, origin + p * P, std::min(len, origin + (p + 1) * P), st);
         // m back to natural units, l without the tensor-core math's fp16 weight scale.
         const float unscale = g.tensor_cores ? std::ldexp(1.0f, -W::kWeightShift) : 1.0f;
-        for (int h = 0; h < g.group; ++h) {
-          const int64_t idx = math::partial_index(seq, kvh * g.group + h, p, H, w.max_partitions);
+        for (int h = 0; h < g.rows; ++h) {
+          const int qrow = seq * g.q_len + h / g.group;
+          const int64_t idx = math::partial_index(qrow, kvh * g.group + h % g.group, p, H, w.max_partitions);
           max_logits[idx] = st.m[h] * math::kLn2;
           exp_sums[idx] = st.l[h] * unscale;
           const float* acc = st.acc.data() + static_cast<std::size_t>(h) * hs;
@@ -429,13 +453,16 @@ void run_v2(const DecodeArgs& a, int P, const V2WorkspaceLayout& w, void* worksp
       }
     }
 
-    // Pass 2: the kernel's merge, in its order (kernels/merge_policy.hpp).
-    for (int qh = 0; qh < H; ++qh) {
-      const int64_t row = seq * detail::out_row_stride(a) + static_cast<int64_t>(qh) * hs;
-      const int64_t base = math::partial_index(seq, qh, 0, H, w.max_partitions);
-      kernels::merge_row_in_kernel_order(max_logits + base, exp_sums + base, partial_out + base * hs, parts, hs,
-                                         merged.data(), a.sinks ? a.sinks[qh] : math::neg_inf());
-      for (int d = 0; d < hs; ++d) out[row + d] = E::store(merged[d]);
+    // Pass 2: the kernel's merge, in its order (kernels/merge_policy.hpp), per query row.
+    for (int j = 0; j < g.q_len; ++j) {
+      const int qrow = seq * g.q_len + j;
+      for (int qh = 0; qh < H; ++qh) {
+        const int64_t row = qrow * detail::out_row_stride(a) + static_cast<int64_t>(qh) * hs;
+        const int64_t base = math::partial_index(qrow, qh, 0, H, w.max_partitions);
+        kernels::merge_row_in_kernel_order(max_logits + base, exp_sums + base, partial_out + base * hs, parts, hs,
+                                           merged.data(), a.sinks ? a.sinks[qh] : math::neg_inf());
+        for (int d = 0; d < hs; ++d) out[row + d] = E::store(merged[d]);
+      }
     }
   }
 }

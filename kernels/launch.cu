@@ -113,7 +113,11 @@ DecodeParams decode_params(const DecodeArgs& a) {
   p.q_stride = detail::q_row_stride(a);
   p.out_stride = detail::out_row_stride(a);
   p.scale = a.spec.effective_scale();
+  p.scale2 = p.scale * math::kLog2e;
   p.window = a.spec.sliding_window;
+  p.q_len = a.q_len;
+  p.read_window = math::read_window(a.spec.sliding_window, a.q_len);
+  p.window_span = math::window_span(a.spec.sliding_window);
   p.cap2 = a.spec.logit_softcap * math::kLog2e;
   p.cap2_k = math::softcap2_k(p.cap2);
   p.sinks = a.sinks;
@@ -157,13 +161,14 @@ void paged_attention_v2(const DecodeArgs& args, int partition_size, void* worksp
   mp.out = args.out;
   mp.out_stride = p.out_stride;
   mp.seq_lens = args.seq_lens;
-  mp.num_seqs = args.num_seqs;
+  mp.num_seqs = args.num_seqs * args.q_len;  // rows
+  mp.q_len = args.q_len;
   mp.num_q_heads = args.spec.num_q_heads;
   mp.head_size = args.spec.head_size;
   mp.max_seq_len = args.max_seq_len;
   mp.partition_size = partition_size;
   mp.max_partitions = ws.max_partitions;
-  mp.window = args.spec.sliding_window;
+  mp.window = p.read_window;
   mp.block_size = args.spec.block_size;
   mp.sinks = args.sinks;
   dispatch_dtype(args.spec.dtype,

@@ -57,7 +57,7 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
   __shared__ float s_warp_max[kMergeMaxWarps];
 
   const int q_head = blockIdx.x;
-  const int seq = blockIdx.y;
+  const int seq = blockIdx.y;  // a query row: sequence seq / q_len's token seq % q_len
   const int tid = threadIdx.x;
   const int D = p.head_size;
   const int groups = blockDim.x / kMergeSliceCols;
@@ -68,7 +68,7 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
   const bool has_col = col * 4 < D;
 
   // NOTE(graph): same length, same clamp as pass 1; block-uniform exits before any barrier.
-  int len = p.seq_lens[seq];
+  int len = p.seq_lens[seq / p.q_len];
   len = len < p.max_seq_len ? len : p.max_seq_len;
   if (len <= 0) return;  // padded row: output untouched
   // Partitions from the window's first block on (pass 1's), and the row's sink (-inf: none).
@@ -79,7 +79,7 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
   const float* l_row = p.exp_sums + base;
   const float4* o_col = reinterpret_cast<const float4*>(p.partial_out + base * D) + col;  // column of partition 0
   const int row4 = D / 4;  // float4s per partial row
-  T* out = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D + col * 4;
+  T* out = static_cast<T*>(p.out) + static_cast<int64_t>(seq) * p.out_stride + static_cast<int64_t>(q_head) * D + col * 4;
 
   if (n == 1 && sink == math::neg_inf()) {
     if (g == 0 && has_col) {

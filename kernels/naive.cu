@@ -102,6 +102,7 @@ __global__ void NaivePagedAttentionKernel(const __grid_constant__ NaiveParams np
 
 void paged_attention_v1(const DecodeArgs& args, Stream stream) {
   validate_decode_args(args);
+  require(args.q_len == 1, "q_len", args.q_len, "1 (the naive kernel takes one query token per sequence)");
   (void)DG_CUDA_TAKE_PENDING("naive::paged_attention_v1");  // so the launch check reports ours only
   NaiveParams np{args, args.spec.effective_scale(), detail::q_row_stride(args), detail::out_row_stride(args)};
   np.a.host_seq_lens = nullptr;  // host pointers mean nothing on the device

@@ -122,11 +122,13 @@ struct TileLoader {
     return (b << bs_log2) < end ? __ldg(table + b) : 0;
   }
 
-  /// A block id clamped to [0, num_blocks). The first clamped id's table index (within the
-  /// sequence's row) + 1 goes to `bad` (0 = none); report_bad_block publishes it.
-  __device__ __forceinline__ static int32_t clamp_id(const DecodeParams& p, int32_t id, int index, int& bad) {
+  /// A block id clamped to [0, num_blocks). A clamped id's table index (within sequence seq's row)
+  /// + 1 is published at once (report_bad_block; the first writer wins, and a thread meets its
+  /// entries in order): no per-thread record stays live across the main loop, where the kernels
+  /// at their register caps have no register to spare.
+  __device__ __forceinline__ static int32_t clamp_id(const DecodeParams& p, int32_t id, int index, int seq) {
     if (id < 0 || id >= p.num_blocks) {
-      if (bad == 0) bad = index + 1;
+      report_bad_block(p, seq, index + 1);
       id = id < 0 ? 0 : p.num_blocks - 1;
     }
     return id;
@@ -268,12 +270,15 @@ struct CudaCoreMath {
   float acc[KC][CE];
   float m;
   float l;  // this lane's share until finish(); then the row's total
-  float scale2;  // scale * log2(e): logits are kept in base 2 (decode_math.hpp)
   float slope2;  // ALiBi slope * log2(e)
-  float cap2;    // soft-cap in base 2; 0: off
-  float cap2_k;  // math::softcap2_k(cap2)
-  int len;
-  int lo;  // the window's first position (0 without one): masked tiles mask what lies before it
+  float scale2;  // scale * log2(e): logits are kept in base 2 (decode_math.hpp)
+  /// The warps' query positions (seq_len - q_len + the row's token): ALiBi and the masks read them
+  /// per tile from shared memory (the driver's barrier precedes every consume), so that the kernels
+  /// at their register cap keep no register for them.
+  __device__ __forceinline__ static int* qpos_table() {
+    __shared__ int table[32];
+    return table;
+  }
   int j;  // lane within the row
   int z;  // row (token slice) within the warp
   // Byte offsets, inside a stage's K / V part, of this lane's first read (token z*NR, chunk j);
@@ -293,33 +298,39 @@ struct CudaCoreMath {
 
   __device__ __forceinline__ bool lane_chunk_valid(int c) const { return kAllLanesActive || c < CPT; }
 
-  /// The query head of this warp (one warp per head of the block's chunk), or -1.
-  __device__ __forceinline__ static int warp_head(const DecodeParams& p) {
+  /// The query row of this warp (one warp per row of the block's chunk; DecodeParams::group_size),
+  /// or -1.
+  __device__ __forceinline__ static int warp_row(const DecodeParams& p) {
     const BlockHeads bh = block_heads(p);
     const int warp = static_cast<int>(threadIdx.x) / 32;
-    const int head_in_group = bh.chunk * p.heads_per_block + warp;
+    const int v = bh.chunk * p.heads_per_block + warp;
     // Warps past heads_per_block (blocks of small groups have four warps) only copy.
-    return warp < p.heads_per_block && head_in_group < p.group_size ? bh.kv_head * p.group_size + head_in_group
-                                                                     : -1;
+    return warp < p.heads_per_block && v < p.group_size && q_row_real(p, v) ? v : -1;
+  }
+  /// The query head of this warp's row (warp_row >= 0).
+  __device__ __forceinline__ static int warp_head(const DecodeParams& p) {
+    return q_row_head(p, block_heads(p).kv_head, warp_row(p));
+  }
+  /// The q / out row (sequence seq's token of this warp's row): seq * q_len + its token.
+  __device__ __forceinline__ static int warp_io_row(const DecodeParams& p, int seq) {
+    return seq * p.q_len + q_row_token(p, warp_row(p));
   }
 
   __device__ __forceinline__ bool init(const DecodeParams& p, int seq, int seq_len) {
-    const int q_head = warp_head(p);
-    if (q_head < 0) return false;
+    const int v = warp_row(p);
+    if (v < 0) return false;
+    const int q_head = q_row_head(p, block_heads(p).kv_head, v);
     const int lane = static_cast<int>(threadIdx.x) & 31;
     j = lane % L;
     z = lane / L;
-    len = seq_len;
-    lo = math::window_first(seq_len, p.window);
-    cap2 = p.cap2;
-    cap2_k = p.cap2_k;
+    qpos_table()[static_cast<int>(threadIdx.x) / 32] = math::row_len(seq_len, p.q_len, q_row_token(p, v)) - 1;
     scale2 = p.scale * math::kLog2e;
     slope2 = (p.alibi_slopes != nullptr ? p.alibi_slopes[q_head] : 0.0f) * math::kLog2e;
     m = math::neg_inf();
     l = 0.0f;
     k_lane = k_read_base<P, kLayout>(z, j);
     v_lane = v_read_base<P, kLayout>(z, j);
-    const T* qrow = static_cast<const T*>(p.q) + seq * p.q_stride + static_cast<int64_t>(q_head) * D;
+    const T* qrow = static_cast<const T*>(p.q) + static_cast<int64_t>(seq * p.q_len + q_row_token(p, v)) * p.q_stride + static_cast<int64_t>(q_head) * D;
 #pragma unroll
     for (int k = 0; k < KC; ++k) {
       const int c = j + k * L;
@@ -335,7 +346,7 @@ struct CudaCoreMath {
   /// weigh 0. sk / sv: shared addresses of the stage's K and V
   /// parts (kStageAlign-aligned).
   template <bool kMasked>
-  __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
+  __device__ __forceinline__ void consume(const DecodeParams& p, dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
     const int t0 = z * NR;
     const dev::SmemAddr kb = sk + k_lane;
     const dev::SmemAddr vb = sv + v_lane;
@@ -378,9 +389,11 @@ struct CudaCoreMath {
     // Logit of this lane's token (the one place a logit is formed and masked), the tile max over
     // the row, the online-softmax step (one -inf guard for the row), the weight.
     const int pos = tile_start + t0 + owner(j & (NR - 1));
-    float s = math::logit2(dot[0], scale2, math::alibi_bias2(slope2, pos, len));
-    if (cap2 > 0.0f) s = math::softcap2(s, cap2, cap2_k);  // after scale and bias, before the masks
-    if ((kMasked && pos >= end) || pos < lo) s = math::neg_inf();
+    const int rel = pos - qpos_table()[static_cast<int>(threadIdx.x) / 32];
+    float s = math::logit2(dot[0], scale2, slope2 * static_cast<float>(rel));  // math::alibi_bias2
+    if (p.cap2 > 0.0f) s = math::softcap2(s, p.cap2, p.cap2_k);  // after scale and bias, before the masks
+    // Every tile: outside the row's window and after its query (q_len > 1), one compare.
+    if ((kMasked && pos >= end) || !math::attends(rel, p.window_span)) s = math::neg_inf();
     float tile_max = s;
 #pragma unroll
     for (int o = 1; o < NR; o *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, o));
@@ -464,7 +477,7 @@ struct CudaCoreMath {
     if (z != 0) return;
     const int q_head = warp_head(p);
     if (p.write_partials) {
-      const int64_t idx = math::partial_index(seq, q_head, part, p.num_q_heads, p.max_partitions);
+      const int64_t idx = math::partial_index(warp_io_row(p, seq), q_head, part, p.num_q_heads, p.max_partitions);
       if (j == 0) {
         p.max_logits[idx] = m * math::kLn2;  // back to natural logits for the merge
         p.exp_sums[idx] = l;
@@ -485,7 +498,7 @@ struct CudaCoreMath {
         }
       }
     } else {
-      T* dst = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D;
+      T* dst = static_cast<T*>(p.out) + static_cast<int64_t>(warp_io_row(p, seq)) * p.out_stride + static_cast<int64_t>(q_head) * D;
 #pragma unroll
       for (int k = 0; k < KC; ++k) {
         const int c = j + k * L;
@@ -542,8 +555,9 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   if (len <= 0) return;
   // A window's partitions start at its first block: blocks before it are never read (neither table
   // entry nor data), and the block's positions before the window are masked (`first`).
-  const int first = math::window_first(len, p.window);
-  const int64_t start64 = math::window_origin(len, p.window, p.block_size) + static_cast<int64_t>(part) * p.partition_size;
+  // Row 0's window (read_window): the other rows mask more (their own lo).
+  const int first = math::window_first(len, p.read_window);
+  const int64_t start64 = math::window_origin(len, p.read_window, p.block_size) + static_cast<int64_t>(part) * p.partition_size;
   if (start64 >= len) return;
   const int end = static_cast<int>(start64 + p.partition_size < len ? start64 + p.partition_size : len);
   // Tiles wholly before the window (tiles shorter than a block) are skipped: at most one tile then
@@ -567,11 +581,10 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 
   // Prologue: segment offsets of tiles 0 .. S-1, then tiles 0 .. S-2 in flight (one group each,
   // empty groups included, so that group counting is the same for every thread and length).
-  int bad = 0;  // first clamped block id seen by this thread (index + 1), reported at the end
   if (tid < nseg) {
     for (int t = 0; t < S && t < ntiles; ++t) {
       const int ts = start + t * NTOK;
-      s_seg[(t % S) * NSEG + tid] = loader.clamp_id(p, loader.load_id(table, ts, end, tid), loader.segment_index(ts, tid), bad);
+      s_seg[(t % S) * NSEG + tid] = loader.clamp_id(p, loader.load_id(table, ts, end, tid), loader.segment_index(ts, tid), seq);
     }
   }
   __syncthreads();
@@ -601,7 +614,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
     const int tf = t + S;
     const bool fetch = tid < nseg && tf < ntiles;
     const int32_t id = fetch ? loader.load_id(table, start + tf * NTOK, end, tid) : 0;
-    if (active) math.template consume<decltype(last)::value>(dev::smem_addr(stage_k(t)), dev::smem_addr(stage_v(t)), start + t * NTOK, end);
+    if (active) math.template consume<decltype(last)::value>(p, dev::smem_addr(stage_k(t)), dev::smem_addr(stage_v(t)), start + t * NTOK, end);
     if constexpr (M::kSplitTile) {
       dev::cp_async_wait<S - 3>();  // this thread's copies of tile t+1 have landed
       __syncthreads();
@@ -609,7 +622,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
       dev::cp_async_commit();
       if (active) math.accumulate(dev::smem_addr(stage_v(t)));
     }
-    if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.clamp_id(p, id, loader.segment_index(start + tf * NTOK, tid), bad);
+    if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.clamp_id(p, id, loader.segment_index(start + tf * NTOK, tid), seq);
   };
   if constexpr (M::kSplitTile) {
     dev::cp_async_wait<S - 2>();  // tile 0
@@ -620,7 +633,6 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   // lead step cost registers (spills) and code for less than that.
   for (int t = 0; t < ntiles - 1; ++t) step(t, std::false_type{});
   step(ntiles - 1, std::true_type{});
-  TileLoader<KV, D, kLayout, P>::report_bad_block(p, seq, bad);
 
   if (!active) return;  // no barrier below
   math.finish(p);
@@ -675,7 +687,10 @@ int paged_decode_blocks_per_sm(int group_size) {
 /// otherwise (pass1_uses_tensor_cores).
 template <typename T, typename KV, int D, KVLayout kLayout>
 void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
-  p.group_size = p.num_q_heads / p.num_kv_heads;
+  p.q_group = p.num_q_heads / p.num_kv_heads;
+  p.group_size = pass1_rows(p.q_group, p.q_len);  // rows per KV head: the math and block shape follow them
+  p.q_shift = p.q_len > 1 ? ilog2(next_pow2(p.q_group)) : 31;
+  p.q_mask = p.q_len > 1 ? next_pow2(p.q_group) - 1 : -1;
   p.head_chunks = pass1_head_chunks_for(p.group_size);
   p.heads_per_block = pass1_heads_per_block_for(p.group_size);
   p.block_size_log2 = ilog2(p.block_size);

@@ -7,6 +7,8 @@
 // t in (len - 1 - W, len - 1] with a sliding window W (else every t < len); softmax in double with
 // max subtraction, the sink sigma (raw) in the max and the denominator only: out = sum p_t v_t.
 // Block-table entries and blocks holding no attended position are never read.
+// q_len n > 1: row j of a sequence of L tokens is the single-token case at length L - n + 1 + j
+// (its query at position L - n + j, ALiBi relative to it), q and out rows s * n + j.
 // fp8 caches: k = value(code) * k_scale, v = value(code) * v_scale in double, the code's value
 // spelled out from its bit fields here (types.hpp's formats).
 #include <algorithm>
@@ -72,11 +74,18 @@ void paged_attention(const DecodeArgs& args, double* out64) {
   const CacheIndex ci{s.layout, s.num_kv_heads, hs, bs, static_cast<int64_t>(16 / s.kv_elem_size())};
   detail::check_host_scales(s, args.k_scale, args.v_scale);
 
+  const int n = args.q_len;
   for (int seq = 0; seq < args.num_seqs; ++seq) {
-    const int len = args.seq_lens[seq];
-    require(len >= 0 && len <= args.max_seq_len, "seq_lens[" + std::to_string(seq) + "]", len,
+    const int seq_len = args.seq_lens[seq];
+    require(seq_len >= 0 && seq_len <= args.max_seq_len, "seq_lens[" + std::to_string(seq) + "]", seq_len,
             "0 .. max_seq_len = 0 .. " + std::to_string(args.max_seq_len));
-    if (len == 0) continue;  // padded row: output untouched
+    if (seq_len == 0) continue;  // padded row: output untouched
+    require(seq_len >= n, "seq_lens[" + std::to_string(seq) + "]", seq_len,
+            "at least q_len = " + std::to_string(n) + " (the step's query tokens are in the cache)");
+    for (int r = 0; r < n; ++r) {
+    // Row r: the query at position seq_len - n + r sees len = seq_len - n + 1 + r tokens.
+    const int len = seq_len - n + 1 + r;
+    const int64_t qrow = static_cast<int64_t>(seq) * n + r;
     const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.block_table_stride;
     // Attended positions [first, len): the window (len - 1 - W, len - 1], or all of them.
     const int first = s.sliding_window > 0 && len > s.sliding_window ? len - s.sliding_window : 0;
@@ -88,10 +97,10 @@ void paged_attention(const DecodeArgs& args, double* out64) {
     std::vector<double> q(hs), logits(len);
     for (int h = 0; h < s.num_q_heads; ++h) {
       const int kvh = h / group;
-      // q: row `seq` starts q_stride elements after row seq - 1 (0: rows packed), heads contiguous.
+      // q: row `qrow` starts q_stride elements after row qrow - 1 (0: rows packed), heads contiguous.
       const int64_t q_row = args.q_stride != 0 ? args.q_stride : int64_t{s.num_q_heads} * hs;
-      for (int d = 0; d < hs; ++d) q[d] = load_as_float(s.dtype, args.q, seq * q_row + int64_t{h} * hs + d);
-      const int64_t row = (static_cast<int64_t>(seq) * s.num_q_heads + h) * hs;  // of out64 (packed)
+      for (int d = 0; d < hs; ++d) q[d] = load_as_float(s.dtype, args.q, qrow * q_row + int64_t{h} * hs + d);
+      const int64_t row = (qrow * s.num_q_heads + h) * hs;  // of out64 (packed)
       const double slope = args.alibi_slopes ? double(args.alibi_slopes[h]) : 0.0;
       const double cap = s.logit_softcap;
       const double sink = args.sinks ? double(args.sinks[h]) : -INFINITY;
@@ -122,6 +131,7 @@ void paged_attention(const DecodeArgs& args, double* out64) {
         for (int d = 0; d < hs; ++d)
           o[d] += p * cache_value(s, args.v_cache, ci.v(block, kvh, t % bs, d), args.v_scale, kvh);
       }
+    }
     }
   }
 }

@@ -86,12 +86,9 @@ struct TensorCoreMath {
   float acc[NTW][4];    // C fragments of the output for this warp's d-tiles
   float lsum[2];        // sum of the weights (the products' own: weights x ones) of rows g, g + 8
   float m;              // running max (base 2) of the softmax row this lane owns
-  float scale2;         // scale * log2(e) (fp8: * k_scale * 2^-s of the owned row)
+  float scale2;         // fp8: scale * log2(e) * k_scale * 2^-s of the owned row (else p.scale2)
   float vscale;         // fp8: v_scale of the block's KV head (1 otherwise)
   float slope2;         // ALiBi slope * log2(e) of the owned row (0 for padded rows)
-  float cap2;           // soft-cap in base 2; 0: off
-  float cap2_k;         // math::softcap2_k(cap2)
-  int lo;               // the window's first position (0 without one): masked tiles mask before it
   int pos_off;          // the owned pairs' first token in the tile, minus seq_len - 1 (ALiBi)
   int s_off;            // float2 index of the owned row's first pair in the score buffer
   int w_off;            // word index of its first pair in the weight buffer
@@ -111,16 +108,25 @@ struct TensorCoreMath {
     return reinterpret_cast<float2*>(exchange() + (P::kScoreBytes + P::kWeightBytes) / 16);
   }
 
-  /// Rows (query heads) of this block and the first one's index.
+  /// Query rows of this block (DecodeParams::group_size: q_group heads x q_len tokens), the first
+  /// one's index among its KV head's rows, and the KV head.
   struct Rows {
     int count;
-    int head0;
+    int v0;
+    int kv_head;
+    /// Query head and q / out row (of sequence seq) of the block's row r.
+    __device__ __forceinline__ int head(const DecodeParams& p, int r) const { return q_row_head(p, kv_head, v0 + r); }
+    __device__ __forceinline__ int io_row(const DecodeParams& p, int seq, int r) const {
+      return seq * p.q_len + q_row_token(p, v0 + r);
+    }
+    /// Row r holds a query (not past the block's rows, not a padding slot of q_len > 1).
+    __device__ __forceinline__ bool real(const DecodeParams& p, int r) const { return r < count && q_row_real(p, v0 + r); }
   };
   __device__ __forceinline__ static Rows rows(const DecodeParams& p) {
     const BlockHeads bh = block_heads(p);
     const int first = bh.chunk * p.heads_per_block;
     const int left = p.group_size - first;
-    return Rows{p.heads_per_block < left ? p.heads_per_block : left, bh.kv_head * p.group_size + first};
+    return Rows{p.heads_per_block < left ? p.heads_per_block : left, first, bh.kv_head};
   }
 
   /// The softmax row (0..15) lane `lane` of warp `warp` owns, and its first token pair.
@@ -181,19 +187,18 @@ struct TensorCoreMath {
     const int g = lane >> 2;
     const int t = lane & 3;
     const Rows r = rows(p);
-    scale2 = p.scale * math::kLog2e;
-    cap2 = p.cap2;
-    cap2_k = p.cap2_k;
-    lo = math::window_first(seq_len, p.window);
+    scale2 = p.scale2;
     vscale = 1.0f;
     const int row = owned_row(warp, lane);
-    slope2 = p.alibi_slopes != nullptr && row < r.count ? p.alibi_slopes[r.head0 + row] * math::kLog2e : 0.0f;
+    // The owned row's length: its query sits at seq_len - q_len + its token (padded rows: seq_len).
+    const int row_len = r.real(p, row) ? math::row_len(seq_len, p.q_len, q_row_token(p, r.v0 + row)) : seq_len;
+    slope2 = p.alibi_slopes != nullptr && r.real(p, row) ? p.alibi_slopes[r.head(p, row)] * math::kLog2e : 0.0f;
     m = math::neg_inf();
     // Pair q of the owned row holds tokens c = 2q, 2q + 1: n-tile c / 8, C-fragment lane
     // 4 (row % 8) + (c % 8) / 2, registers 2 (row / 8), +1 (a float2); as A fragments, weight_word.
     // The lane's PPL pairs are consecutive, so the others are at +1 float2 / +kPairWords words.
     const int c0 = 2 * owned_pair(lane);
-    pos_off = c0 - (seq_len - 1);
+    pos_off = c0 - (row_len - 1);
     const int fl = 4 * (row % 8) + (c0 % 8) / 2;
     s_off = 2 * ((c0 / 8) * 32 + fl) + row / 8;
     w_off = weight_word(row, c0);
@@ -204,7 +209,15 @@ struct TensorCoreMath {
     lsum[0] = lsum[1] = 0.0f;
     // a[reg]: row g + 8 (reg & 1), columns 16 ks + 8 (reg >> 1) + 2t, +1 (one 32-bit word); fp8:
     // columns 16 ks + 4t + 2 (reg >> 1), +1 (the K fragments' permutation).
-    const T* q = static_cast<const T*>(p.q) + seq * p.q_stride + static_cast<int64_t>(r.head0) * D;
+    // Rows g and g + 8: each its own q row (token) and head, as 32-bit offsets from the sequence's
+    // first row (q_len rows of q_stride elements: far below 2^31).
+    const T* qs = static_cast<const T*>(p.q) + static_cast<int64_t>(seq) * p.q_len * p.q_stride;
+    int qoff[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int v = r.v0 + (r.real(p, g + 8 * h) ? g + 8 * h : 0);
+      qoff[h] = q_row_token(p, v) * static_cast<int>(p.q_stride) + r.head(p, v - r.v0) * D;
+    }
     const int ks0 = (warp / NN) * KSW;
 #pragma unroll
     for (int i = 0; i < KSW; ++i)
@@ -212,8 +225,8 @@ struct TensorCoreMath {
       for (int reg = 0; reg < 4; ++reg) {
         const int qrow = g + 8 * (reg & 1);
         const int col = 16 * (ks0 + i) + (kFp8 ? 4 * t + 2 * (reg >> 1) : 8 * (reg >> 1) + 2 * t);
-        qa[i][reg] = ks0 + i < KS && qrow < r.count
-                         ? __ldg(reinterpret_cast<const uint32_t*>(q + static_cast<int64_t>(qrow) * D + col))
+        qa[i][reg] = ks0 + i < KS && r.real(p, qrow)
+                         ? __ldg(reinterpret_cast<const uint32_t*>(qs + qoff[reg & 1] + col))
                          : 0u;
       }
     if constexpr (kFp8) {
@@ -251,12 +264,14 @@ struct TensorCoreMath {
     }
   }
 
-  /// A logit of the owned token at `pos`, masked: before `lo` (the window) in every tile, at or past
-  /// `end` only kMasked (the partition's last tile, the only one reaching it). Logits are formed
-  /// (math::logit2) and soft-capped (after scale and bias, before the masks) in consume.
+  /// A logit of the owned token at `pos`, masked: outside the row's window and after its query
+  /// (q_len > 1) in every tile, by its distance rel = pos - the query's position (math::attends;
+  /// rel comes from pos_off, the ALiBi term's), and at or past `end` only kMasked (the partition's
+  /// last tile, the only one reaching it). Logits are formed (math::logit2) and soft-capped (after
+  /// scale and bias, before the masks) in consume.
   template <bool kMasked>
-  __device__ __forceinline__ float mask(float s, int pos, int end) const {
-    return (kMasked && pos >= end) || pos < lo ? math::neg_inf() : s;
+  __device__ __forceinline__ static float mask(const DecodeParams& p, float s, int pos, int rel, int end) {
+    return (kMasked && pos >= end) || !math::attends(rel, p.window_span) ? math::neg_inf() : s;
   }
 
   /// First half of a tile [tile_start, tile_start + NTOK) (tokens at or past `end` masked when
@@ -264,7 +279,7 @@ struct TensorCoreMath {
   /// softmax of this warp's rows and the weights' store. sk / sv: shared addresses of the stage's K
   /// and V parts. The driver's barrier then publishes the weights; accumulate(sv) folds them in.
   template <bool kMasked>
-  __device__ __forceinline__ void consume(dev::SmemAddr sk, dev::SmemAddr /*sv*/, int tile_start, int end) {
+  __device__ __forceinline__ void consume(const DecodeParams& p, dev::SmemAddr sk, dev::SmemAddr /*sv*/, int tile_start, int end) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int warp = static_cast<int>(threadIdx.x) / 32;
 
@@ -294,9 +309,10 @@ struct TensorCoreMath {
     // order. Then the logits, the row max over the row's LPR lanes, the online step.
     const float2* x2 = reinterpret_cast<const float2*>(x);
     float sc[2 * PPL];
-    // bias0: the ALiBi term of the first owned token, slope2 * (pos - seq_len + 1); pos0 its
-    // position (for the mask: only the last tile evaluates it).
-    const float bias0 = slope2 * static_cast<float>(tile_start + pos_off);
+    // rel0: the first owned token's position minus the row's query position (<= 0 where it is
+    // attended); bias0 its ALiBi term, slope2 * rel0; pos0 its position (for the masks).
+    const int rel0 = tile_start + pos_off;
+    const float bias0 = slope2 * static_cast<float>(rel0);
     const int pos0 = tile_start + 2 * owned_pair(lane);
     float mx = math::neg_inf();
 #pragma unroll
@@ -308,18 +324,20 @@ struct TensorCoreMath {
         v.x += o.x;
         v.y += o.y;
       }
-      sc[2 * i] = math::logit2(v.x, scale2, bias0 + slope2 * static_cast<float>(2 * i));
-      sc[2 * i + 1] = math::logit2(v.y, scale2, bias0 + slope2 * static_cast<float>(2 * i + 1));
+      // Without fp8 the scale is the launch's (a constant operand, no register).
+      const float sc2 = kFp8 ? scale2 : p.scale2;
+      sc[2 * i] = math::logit2(v.x, sc2, bias0 + slope2 * static_cast<float>(2 * i));
+      sc[2 * i + 1] = math::logit2(v.y, sc2, bias0 + slope2 * static_cast<float>(2 * i + 1));
     }
     // One uniform branch for all of the thread's logits, so that a layer without a cap skips the
     // whole block (per logit, ptxas predicated it and the uncapped loop paid for it).
-    if (cap2 > 0.0f) {
+    if (p.cap2 > 0.0f) {
 #pragma unroll
-      for (int i = 0; i < 2 * PPL; ++i) sc[i] = math::softcap2(sc[i], cap2, cap2_k);
+      for (int i = 0; i < 2 * PPL; ++i) sc[i] = math::softcap2(sc[i], p.cap2, p.cap2_k);
     }
 #pragma unroll
     for (int i = 0; i < 2 * PPL; ++i) {
-      sc[i] = mask<kMasked>(sc[i], pos0 + i, end);
+      sc[i] = mask<kMasked>(p, sc[i], pos0 + i, rel0 + i, end);
       mx = fmaxf(mx, sc[i]);
     }
 #pragma unroll
@@ -469,8 +487,8 @@ struct TensorCoreMath {
     // NOTE(graph): the sinks are read from memory.
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if ((lane >> 2) + 8 * h < r.count)
-        lsum[h] += math::sink_weight2(__ldg(p.sinks + r.head0 + (lane >> 2) + 8 * h), (h ? mr.y : mr.x) - kShift);
+      if (r.real(p, (lane >> 2) + 8 * h))
+        lsum[h] += math::sink_weight2(__ldg(p.sinks + r.head(p, (lane >> 2) + 8 * h)), (h ? mr.y : mr.x) - kShift);
   }
 
   /// An output value: acc / l (fp8: times v_scale).
@@ -499,18 +517,19 @@ struct TensorCoreMath {
     const Rows r = rows(p);
     if (p.write_partials) {
       const int row = owned_row(warp, lane);
-      if (lane % LPR == 0 && lane < P::kSoftmaxLanes && row < r.count)
-        p.max_logits[math::partial_index(seq, r.head0 + row, part, p.num_q_heads, p.max_partitions)] =
+      if (lane % LPR == 0 && lane < P::kSoftmaxLanes && r.real(p, row))
+        p.max_logits[math::partial_index(r.io_row(p, seq, row), r.head(p, row), part, p.num_q_heads, p.max_partitions)] =
             m * math::kLn2;  // back to natural logits for the merge
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = g + 8 * h;
-      if (row >= r.count) continue;
-      const int q_head = r.head0 + row;
+      if (!r.real(p, row)) continue;
+      const int q_head = r.head(p, row);
+      const int io = r.io_row(p, seq, row);
       const float l = lsum[h];
       if (p.write_partials) {
-        const int64_t idx = math::partial_index(seq, q_head, part, p.num_q_heads, p.max_partitions);
+        const int64_t idx = math::partial_index(io, q_head, part, p.num_q_heads, p.max_partitions);
         if (warp == 0 && t == 0) p.exp_sums[idx] = kFp16 ? l * (1.0f / (1 << math::kTcWeightShiftFp16)) : l;
         float* dst = p.partial_out + idx * D;
         if constexpr (kFp8 && kLayout == KVLayout::kNHD) {
@@ -532,7 +551,7 @@ struct TensorCoreMath {
           }
         }
       } else {
-        T* dst = static_cast<T*>(p.out) + seq * p.out_stride + static_cast<int64_t>(q_head) * D;
+        T* dst = static_cast<T*>(p.out) + static_cast<int64_t>(io) * p.out_stride + static_cast<int64_t>(q_head) * D;
         if constexpr (kFp8 && kLayout == KVLayout::kNHD) {
 #pragma unroll
           for (int j = 0; j < NTW / 2; ++j) {

@@ -81,6 +81,7 @@ void validate_decode_args(const DecodeArgs& a) {
   validate_spec(a.spec);
   const AttentionSpec& s = a.spec;
   require(a.num_seqs > 0, "num_seqs", a.num_seqs, "a positive integer");
+  require(a.q_len >= 1 && a.q_len <= kMaxQLen, "q_len", a.q_len, "1 .. kMaxQLen = 1 .. " + std::to_string(kMaxQLen));
   require(a.max_seq_len > 0, "max_seq_len", a.max_seq_len, "a positive integer");
   require(a.num_blocks > 0, "num_blocks", a.num_blocks, "a positive integer");
   require(a.block_table_stride > 0 &&
@@ -112,6 +113,10 @@ void validate_decode_args(const DecodeArgs& a) {
       const int32_t len = a.host_seq_lens[i];
       require(len >= 0 && len <= a.max_seq_len, "seq_lens[" + std::to_string(i) + "]", len,
               allowed);
+      // The step's q_len tokens are in the cache: a sequence holds at least them.
+      if (len > 0 && len < a.q_len)
+        require(false, "seq_lens[" + std::to_string(i) + "]", len,
+                "0 (padded row) or at least q_len = " + std::to_string(a.q_len));
     }
   }
   if (a.host_block_tables != nullptr) {
@@ -122,7 +127,8 @@ void validate_decode_args(const DecodeArgs& a) {
       const int len = a.host_seq_lens != nullptr ? a.host_seq_lens[i] : a.max_seq_len;
       const int used = num_partitions(len, s.block_size);
       const int32_t* row = a.host_block_tables + static_cast<int64_t>(i) * a.block_table_stride;
-      for (int j = math::window_origin(len, s.sliding_window, s.block_size) / s.block_size; j < used; ++j) {
+      const int win = math::read_window(s.sliding_window, a.q_len);
+      for (int j = math::window_origin(len, win, s.block_size) / s.block_size; j < used; ++j) {
         require(row[j] >= 0 && row[j] < a.num_blocks,
                 "block_tables[" + std::to_string(i) + "][" + std::to_string(j) + "]", row[j],
                 allowed);
@@ -132,15 +138,17 @@ void validate_decode_args(const DecodeArgs& a) {
 }
 
 V2WorkspaceLayout v2_workspace_layout(const AttentionSpec& spec, int num_seqs, int max_seq_len,
-                                      int partition_size) {
+                                      int partition_size, int q_len) {
   validate_spec(spec);
   require(num_seqs > 0, "num_seqs", num_seqs, "a positive integer");
   require(max_seq_len > 0, "max_seq_len", max_seq_len, "a positive integer");
+  require(q_len >= 1 && q_len <= kMaxQLen, "q_len", q_len, "1 .. kMaxQLen = 1 .. " + std::to_string(kMaxQLen));
   validate_partition_size(spec, partition_size);
   V2WorkspaceLayout w;
-  w.max_partitions =
-      num_partitions(math::window_read_max(max_seq_len, spec.sliding_window, spec.block_size), partition_size);
-  const std::size_t rows = static_cast<std::size_t>(num_seqs) *
+  w.max_partitions = num_partitions(
+      math::window_read_max(max_seq_len, math::read_window(spec.sliding_window, q_len), spec.block_size),
+      partition_size);
+  const std::size_t rows = static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(q_len) *
                            static_cast<std::size_t>(spec.num_q_heads) *
                            static_cast<std::size_t>(w.max_partitions);
   w.max_logits_offset = 0;
@@ -153,8 +161,8 @@ V2WorkspaceLayout v2_workspace_layout(const AttentionSpec& spec, int num_seqs, i
 }
 
 std::size_t v2_workspace_size(const AttentionSpec& spec, int num_seqs, int max_seq_len,
-                              int partition_size) {
-  return v2_workspace_layout(spec, num_seqs, max_seq_len, partition_size).total_bytes;
+                              int partition_size, int q_len) {
+  return v2_workspace_layout(spec, num_seqs, max_seq_len, partition_size, q_len).total_bytes;
 }
 
 V2WorkspaceLayout detail::validate_v2_args(const DecodeArgs& args, int partition_size,
@@ -162,7 +170,7 @@ V2WorkspaceLayout detail::validate_v2_args(const DecodeArgs& args, int partition
   validate_decode_args(args);
   validate_partition_size(args.spec, partition_size);
   const V2WorkspaceLayout w =
-      v2_workspace_layout(args.spec, args.num_seqs, args.max_seq_len, partition_size);
+      v2_workspace_layout(args.spec, args.num_seqs, args.max_seq_len, partition_size, args.q_len);
   require_ptr(workspace, "workspace", kTensorAlign);
   require(workspace_bytes >= w.total_bytes, "workspace_bytes", workspace_bytes,
           "at least v2_workspace_size(...) = " + std::to_string(w.total_bytes));

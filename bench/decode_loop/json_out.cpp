@@ -12,6 +12,7 @@ json num_or_null(double v, bool present) { return present && std::isfinite(v) ? 
 json plan_json(const dg::BucketPlan& p) {
   json j = {{"group", p.group},
             {"batch", p.batch},
+            {"q_len", p.q_len},
             {"band_lo", p.band_lo},
             {"band_hi", p.band_hi},
             {"kernel", dg::to_string(p.kernel)},

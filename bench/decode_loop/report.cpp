@@ -132,6 +132,7 @@ json captures_json(const dg::ExecutorStats& stats) {
   for (const auto& g : stats.graphs)
     jg.push_back({{"graph_id", g.graph_id},
                   {"batch", g.batch},
+                  {"q_len", g.q_len},
                   {"band", g.band},
                   {"last_band", g.last_band},
                   {"band_lo", g.band_lo},

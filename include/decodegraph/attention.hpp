@@ -3,8 +3,9 @@
 //
 // Shapes (elements of spec.dtype unless noted; the caches hold one-byte codes when spec.kv_dtype is
 // fp8, and x = 16 bytes / kv_elem_size() = 16 then):
-//   q, out        [num_seqs, num_q_heads, head_size]: one row per sequence; rows may be q_stride /
-//                 out_stride elements apart (e.g. q inside a fused QKV buffer), heads contiguous
+//   q, out        [num_seqs, q_len, num_q_heads, head_size]: q_len rows per sequence (row (s, j) is
+//                 row s * q_len + j); rows may be q_stride / out_stride elements apart (e.g. q inside
+//                 a fused QKV buffer), heads contiguous
 //   k_cache       kVLLM: [num_blocks, kv_heads, head_size/x, block_size, x]; kNHD: [num_blocks, block_size, kv_heads, head_size]
 //   v_cache       kVLLM: [num_blocks, kv_heads, head_size, block_size];      kNHD: as k_cache
 //   block_tables  int32 [num_seqs, block_table_stride]
@@ -21,6 +22,12 @@
 // spec.sliding_window W > 0: each sequence attends its last W positions only; the kernels read
 // neither the block-table entries nor the cache blocks wholly before them (they may hold any id and
 // any bytes, NaN included). V2's partitions start at the window's first block.
+// q_len n > 1 (speculative decoding: 1 + k drafted tokens verified in one step): seq_lens count all
+// n new tokens; row j of a sequence of L tokens sits at position p_j = L - n + j and attends the
+// positions t <= p_j (causal, bottom-right aligned as in FlashAttention and FlashInfer), with a window
+// t in (p_j - W, p_j]; sinks and the soft-cap apply per row. L >= n is required (L = 0 still marks a
+// padded sequence, all of whose rows are left untouched). Each K and V element is read once for all
+// the rows a block serves.
 #pragma once
 
 #include <cstddef>
@@ -30,11 +37,16 @@
 
 namespace decodegraph {
 
+/// The most query tokens per sequence one call takes (DecodeArgs::q_len).
+inline constexpr int kMaxQLen = 16;
+
 /// Arguments of one attention call. Pointers are device pointers for the CUDA launchers and host
 /// pointers for host:: functions and reference::.
 struct DecodeArgs {
   AttentionSpec spec;
   int num_seqs = 0;
+  /// Query tokens per sequence, 1..kMaxQLen (header comment): q and out hold num_seqs * q_len rows.
+  int q_len = 1;
   /// Upper bound on every seq_len; sizes the grid (graph mode: the band's upper edge).
   int max_seq_len = 0;
   /// Row stride of block_tables, in entries. Must satisfy stride * block_size >= max_seq_len.
@@ -95,11 +107,12 @@ struct V2WorkspaceLayout {
   std::size_t partial_out_offset = 0; // float [num_seqs, num_q_heads, max_partitions, head_size]
   std::size_t total_bytes = 0;
 };
+/// q_len > 1: partials per (sequence, row, head), num_seqs * q_len rows.
 V2WorkspaceLayout v2_workspace_layout(const AttentionSpec& spec, int num_seqs, int max_seq_len,
-                                      int partition_size);
+                                      int partition_size, int q_len = 1);
 /// Size query: bytes of workspace paged_attention_v2 needs (total_bytes of the layout).
 std::size_t v2_workspace_size(const AttentionSpec& spec, int num_seqs, int max_seq_len,
-                              int partition_size);
+                              int partition_size, int q_len = 1);
 
 /// Throws Error for every invalid argument (spec, counts, strides, null/misaligned pointers, a block
 /// table too narrow for max_seq_len, and host_seq_lens (0 .. max_seq_len; 0 = padded row) /
@@ -183,8 +196,8 @@ void append_kv(const AppendArgs& args);
 // ---------------------------------------------------------------- float64 reference
 namespace reference {
 /// Plain-loop float64 attention gathering K/V through the block table for either layout.
-/// q is read with q_stride; out64 is always contiguous [num_seqs, num_q_heads, head_size] (out_stride
-/// does not apply); rows with seq_len 0 are left untouched.
+/// q is read with q_stride; out64 is always contiguous [num_seqs, q_len, num_q_heads, head_size]
+/// (out_stride does not apply); rows of sequences with seq_len 0 are left untouched.
 void paged_attention(const DecodeArgs& args, double* out64);
 }  // namespace reference
 

@@ -85,7 +85,7 @@ enum class KernelPolicy : int { kAuto = 0, kThreshold = 1, kMeasured = 2 };
 ///  kHost:   step() finds the longest length on the host (copying device-resident seq_lens back,
 ///           synchronously, unless a max_seq_len hint is given) and replays the graph of that
 ///           (batch bucket, band) plan: one graph per distinct plan.
-///  kDevice: one graph per batch bucket. A band-select kernel in the graph reduces the staged
+///  kDevice: one graph per (q_len, batch bucket). A band-select kernel in the graph reduces the staged
 ///           lengths to their maximum, finds its band and sets one CUDA SWITCH node per attention
 ///           call, whose branch i holds exactly band i's launches (V1, or V2 pass 1 + merge).
 ///           Device-resident inputs need neither a host copy nor a hint. Needs conditional SWITCH
@@ -163,6 +163,9 @@ struct BucketPlan {
   /// one spec.
   int group = 0;
   int batch = 0;         // bucket batch size
+  /// Query tokens per sequence of the steps this plan runs (ExecutorConfig::q_lens): its launches
+  /// serve batch x q_len query rows.
+  int q_len = 1;
   int band = 0;          // band index
   int band_lo = 0;       // lengths in (band_lo, band_hi]
   int band_hi = 0;
@@ -202,7 +205,7 @@ struct BucketPlan {
   /// The launch id: which distinct launch sequence this bucket runs (ExecutorStats::distinct_plans of
   /// them), the same in every layer group's plan of the bucket; buckets whose launches are identical
   /// in every group share one. Under BandSelect::kHost it is also the graph the bucket replays
-  /// (GraphStats::graph_id); under kDevice the graph is the batch bucket's and this names the SWITCH
+  /// (GraphStats::graph_id); under kDevice the graph is the (q_len, batch bucket)'s and this names the SWITCH
   /// branch (StepResult::launch_id, GraphStats::band_launch_ids). -1: not decided yet (kMeasured,
   /// before the bucket's first capture).
   int graph_id = -1;
@@ -211,7 +214,8 @@ struct BucketPlan {
 };
 
 /// Formats plans as an aligned text table (for logs, the CLI and bug reports). Plans of more than one
-/// layer group get a "group" column.
+/// layer group get a "group" column, and plans of q_len > 1 an "n" column (q_len; a table of q_len 1
+/// only is unchanged).
 std::string format_plan_table(const std::vector<BucketPlan>& plans);
 /// One line saying why the plan runs its kernel, with the numbers that decided it.
 std::string describe_reason(const BucketPlan& plan);
@@ -224,10 +228,12 @@ std::string describe_reason(const BucketPlan& plan);
 struct LayerBuffers {
   void* k_cache = nullptr;    // [num_blocks, ...] in spec.layout (attention.hpp)
   void* v_cache = nullptr;
-  void* q = nullptr;          // [max_batch rows, num_q_heads * head_size], rows q_stride apart
-  void* out = nullptr;        // [max_batch rows, num_q_heads * head_size], rows out_stride apart
-  void* new_key = nullptr;    // [max_batch rows, num_kv_heads * head_size], rows new_key_stride apart
-  void* new_value = nullptr;  // [max_batch rows, num_kv_heads * head_size], rows new_value_stride apart
+  /// max_rows = max_batch x the largest of ExecutorConfig::q_lens: a step of n = q_len tokens per
+  /// sequence uses rows [num_seqs, n] (row s * n + j is token j of sequence s), as attention.hpp.
+  void* q = nullptr;          // [max_rows, num_q_heads * head_size], rows q_stride apart
+  void* out = nullptr;        // [max_rows, num_q_heads * head_size], rows out_stride apart
+  void* new_key = nullptr;    // [max_rows, num_kv_heads * head_size], rows new_key_stride apart
+  void* new_value = nullptr;  // [max_rows, num_kv_heads * head_size], rows new_value_stride apart
   /// Elements between consecutive rows (sequences) of q / out / new_key / new_value; 0 = contiguous.
   /// Otherwise at least one row and a multiple of 16 bytes. Only for caller buffers: executor-owned
   /// ones are contiguous, so a stride with a null pointer is rejected. A fused QKV buffer
@@ -280,6 +286,11 @@ struct ExecutorConfig {
   int num_layers = 1;
   std::vector<LayerBuffers> layers;  // size num_layers
   int max_batch = 8;
+  /// Query tokens per sequence the executor captures graphs for (speculative decoding: 1 + k for k
+  /// drafted tokens, e.g. {1, 4} for EAGLE with k = 3, whose steps without drafts run n = 1). Each
+  /// in 1..kMaxQLen, no duplicates, not empty; config() lists them ascending. Plans and graphs are
+  /// made per (q_len, batch bucket, band); every step names its q_len (StepInputs::q_len).
+  std::vector<int> q_lens = {1};
   int max_seq_len = 8192;
   int num_blocks = 0;
   /// Block-table row width; 0 means ceil(max_seq_len / block_size).
@@ -332,17 +343,19 @@ struct ExecutorConfig {
 
 struct StepInputs {
   int num_seqs = 0;
-  /// [num_seqs] tokens of each sequence INCLUDING the token appended this step (its new K/V):
-  /// 1..max_seq_len. Attention covers positions 0 .. seq_len - 1.
+  /// [num_seqs] tokens of each sequence INCLUDING the n tokens appended this step (their new K/V):
+  /// n..max_seq_len. Attention covers positions 0 .. seq_len - 1.
   const int32_t* seq_lens = nullptr;
   const int32_t* block_tables = nullptr;  // [num_seqs, block_table_stride] block ids
   /// Entries per row; at least ceil(longest seq_len / block_size), may be wider than
   /// max_blocks_per_seq (only the columns the longest sequence uses are staged).
   int block_table_stride = 0;
-  /// [num_seqs] where each sequence's new K/V goes: the slot of position seq_len - 1,
-  /// block_tables[i][(seq_len - 1) / block_size] * block_size + (seq_len - 1) % block_size, or a
-  /// negative value to skip the append. Required when KV append runs. kFull checks the position
-  /// before the step; kCheap's append skips a wrong slot and reports it (CorruptedStepReport).
+  /// [num_seqs, q_len] where each new token's K/V goes: entry (i, j) is the slot of position
+  /// p = seq_len - q_len + j, block_tables[i][p / block_size] * block_size + p % block_size, or a
+  /// negative value to skip that token's append (q_len 1: [num_seqs], position seq_len - 1).
+  /// Required when KV append runs. kFull checks every position before the step; kCheap's append
+  /// skips a slot past the cache and reports it (CorruptedStepReport), and for q_len 1 also a slot
+  /// that is not its position's (for q_len > 1 that compare is not made on the device: kFull's).
   const int64_t* slot_mapping = nullptr;
   MemorySpace space = MemorySpace::kHost;
   /// Optional upper bound on every seq_len of this step (0 = none). The block-table columns staged
@@ -358,6 +371,11 @@ struct StepInputs {
   ///    kFull (which copies and checks everything) and host inputs reject it.
   ///  - A hint above the longest length is valid; under kHost it may select a longer band than needed.
   int max_seq_len = 0;
+  /// Query tokens per sequence this step (n; last, so that aggregate initialisation
+  /// of the fields before it is unchanged), one of config().q_lens; the same for every sequence.
+  /// q/out and new K/V rows are [num_seqs, n] (row s * n + j); row j of a sequence of L tokens sits
+  /// at position L - n + j and attends positions t <= L - n + j (attention.hpp).
+  int q_len = 1;
 };
 
 /// The executor's pinned host staging buffers (Executor::host_staging()). Writing a step's inputs
@@ -367,12 +385,13 @@ struct HostStaging {
   std::span<int32_t> seq_lens;      // [max_batch]
   std::span<int32_t> block_tables;  // [max_batch, block_table_stride]
   int block_table_stride = 0;       // = config().max_blocks_per_seq
-  std::span<int64_t> slot_mapping;  // [max_batch]
+  std::span<int64_t> slot_mapping;  // [max_batch * the largest q_len]: [num_seqs, q_len] used
 };
 
 struct StepResult {
   BucketIndex bucket{0};      // index of the batch bucket (plan_for(result) finds the plan)
   int bucket_batch_size = 0;  // that bucket's batch size: num_seqs rounded up to a bucket
+  int q_len = 1;              // the step's query tokens per sequence (StepInputs::q_len)
   /// The band index, when known on the host: always under kHost; under kDevice when step() read
   /// the lengths (host inputs, or kFull), else -1 and band_hi, kernel and partition_size are not
   /// known either (0, kV1, 0): the graph chose the branch on the device. kernel and partition_size
@@ -389,7 +408,8 @@ struct StepResult {
   bool in_caller_capture = false;
   /// The graph it replayed: the GraphStats with this graph_id in stats().graphs. Graphs are numbered
   /// by what one graph holds: under kHost one graph per launch (graph_id = launch_id), under kDevice
-  /// one per batch bucket (graph_id = bucket.value).
+  /// one per (q_len, batch bucket): graph_id = q * batch buckets + bucket.value, q the index of the
+  /// step's q_len in config().q_lens (bucket.value with one q_len).
   int graph_id = -1;
   /// The launch the step ran (its plan's BucketPlan::graph_id), when its band is known on the host;
   /// -1 when the graph chose the band on the device (band -1).
@@ -443,9 +463,11 @@ using StepBody = std::function<void(StepContext&)>;
 /// One captured graph. A graph shared by several buckets appears once.
 struct GraphStats {
   /// The graph's id (StepResult::graph_id): kHost, the launch id of its plans (BucketPlan::graph_id);
-  /// kDevice, its batch bucket's index.
+  /// kDevice, q * batch buckets + its batch bucket's index (q: the index of its q_len in
+  /// config().q_lens; the bucket index with one q_len).
   int graph_id = 0;
   int batch = 0;
+  int q_len = 1;  // query tokens per sequence of every step it replays
   int band = 0;       // lowest band that replays it
   int last_band = 0;  // highest band that replays it
   int band_lo = 0;    // lengths (band_lo, band_hi] over all its buckets
@@ -485,9 +507,9 @@ struct ExecutorStats {
   std::vector<GraphStats> graphs;  // one per captured graph
   BandSelect band_select = BandSelect::kHost;  // the mode in effect (after any fallback)
   std::string band_select_note;  // why kDevice fell back to kHost; empty otherwise
-  int buckets = 0;           // batch buckets x bands
+  int buckets = 0;           // q_lens x batch buckets x bands
   /// Graphs the mode needs (each captured at most once): kHost, one per distinct decided plan;
-  /// kDevice, one per batch bucket.
+  /// kDevice, one per (q_len, batch bucket).
   int distinct_graphs = 0;
   int distinct_plans = 0;    // distinct launch sequences (kHost's graphs, kDevice's distinct branches)
   int undecided_buckets = 0; // kMeasured: buckets not yet measured (their graph is not known yet)
@@ -576,27 +598,36 @@ class Executor {
   /// The band choice in effect: config().band_select, or kHost after a fallback.
   BandSelect band_select() const;
   const ExecutorConfig& config() const;
-  /// Every bucket's plan, bucket-major (index = bucket * bands + band), for each layer group in turn
-  /// (group-major: index = (group * buckets + bucket) * bands + band). kMeasured plans are final once
-  /// their bucket has been captured.
+  /// Every bucket's plan, bucket-major (index = bucket * bands + band), for each q_len of
+  /// config().q_lens in turn (index = (q * buckets + bucket) * bands + band, q the q_len's index),
+  /// for each layer group in turn (group-major: index = ((group * q_lens + q) * buckets + bucket) *
+  /// bands + band). With one q_len (the default {1}) q is 0 throughout. kMeasured plans are final
+  /// once their bucket has been captured.
   const std::vector<BucketPlan>& plans() const;
-  /// Layer group `group`'s plans, bucket-major.
+  /// Layer group `group`'s plans, q_len-major then bucket-major.
   std::span<const BucketPlan> plans(int group) const;
   /// The plan of batch bucket `bucket` (an index into config().batch_buckets) and band index `band`,
-  /// for layer group 0 (every layer's, with one spec), or for layer group `group`.
+  /// for layer group 0 (every layer's, with one spec), or for layer group `group`; for steps of
+  /// q_len `q_len` (one of config().q_lens), or without it of config().q_lens[0], the smallest (1 by
+  /// default).
   const BucketPlan& plan_for(BucketIndex bucket, int band) const;
   const BucketPlan& plan_for(int group, BucketIndex bucket, int band) const;
-  /// The plan a step ran (layer group 0's; StepResult's kernel and partition_size are its). Throws
+  const BucketPlan& plan_for(int group, BucketIndex bucket, int band, int q_len) const;
+  /// The plan a step ran (layer group 0's, of the step's q_len; StepResult's kernel and
+  /// partition_size are its). Throws
   /// InvalidArgument when its band is not known on the host (band -1: kDevice with device-resident
   /// inputs and kCheap, where the graph chose the band itself); then plans_for(step.bucket) has
   /// every band's plan and stats().graphs[].band_replays counts the bands the graph ran.
   const BucketPlan& plan_for(const StepResult& step) const;
   /// Every band's plan of batch bucket `bucket`, band order (plans_for(b)[band] = plan_for(b, band)),
-  /// for layer group 0, or for layer group `group`.
+  /// for layer group 0, or for layer group `group`; of q_len `q_len`, or config().q_lens[0].
   std::span<const BucketPlan> plans_for(BucketIndex bucket) const;
   std::span<const BucketPlan> plans_for(int group, BucketIndex bucket) const;
-  /// The plan a step of `batch_size` sequences (1..max_batch) in band index `band` replays (group 0's).
+  std::span<const BucketPlan> plans_for(int group, BucketIndex bucket, int q_len) const;
+  /// The plan a step of `batch_size` sequences (1..max_batch) in band index `band` replays (group 0's),
+  /// of q_len `q_len`, or config().q_lens[0].
   const BucketPlan& plan_for_batch(int batch_size, int band) const;
+  const BucketPlan& plan_for_batch(int batch_size, int band, int q_len) const;
   /// Layers with equal specs (ExecutorConfig::layer_specs) form a layer group, numbered in the order
   /// of their first layer: layer 0 is in group 0. One group when layer_specs is empty.
   int num_layer_groups() const;

@@ -23,6 +23,7 @@ void check_legacy_args(const DecodeArgs& a) {
   require(a.spec.sliding_window == 0, "spec.sliding_window", a.spec.sliding_window, "0 (the legacy kernel has no window)");
   require(a.spec.logit_softcap == 0.0f, "spec.logit_softcap", a.spec.logit_softcap, "0 (the legacy kernel has no soft-cap)");
   require(a.sinks == nullptr, "sinks", "non-null", "null (the legacy kernel has no sinks)");
+  require(a.q_len == 1, "q_len", a.q_len, "1 (the legacy kernel takes one query token per sequence)");
 }
 
 kernels::DecodeParams params(const DecodeArgs& a) {

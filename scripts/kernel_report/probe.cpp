@@ -8,7 +8,8 @@
 // This file is the one place that knows the launchers' signatures and the pass-1 policy. When the
 // kernels change them, change it here; kernel_report.py stays as it is.
 //
-// Usage: probe GROUP... (GQA group sizes for the pass-1 launches). Output: "launch key=value ..."
+// Usage: probe GROUP[xQ_LEN]... (GQA group sizes for the pass-1 launches, each with the query rows
+// per sequence, DecodeParams::q_len, default 1: "4x4" is group 4 with 4 rows). Output: "launch key=value ..."
 // lines; a launcher that throws prints "error ..." and the probe exits 1.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,9 +18,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "decodegraph/error.hpp"
@@ -88,7 +91,7 @@ void expect_one_launch(const char* what, F&& launch, bool may_reject = false) {
   }
 }
 
-std::vector<int> g_groups;
+std::vector<std::pair<int, int>> g_groups;  // (group, q_len)
 
 // ---------------------------------------------------------------- pass 1 (V1 and V2)
 // Hints (per launch, from the policy, kernels/decode_policy.hpp):
@@ -109,7 +112,7 @@ template <typename T, typename KV, int D, KVLayout kLayout>
 void probe_pass1() {
   using Pol = Pass1Policy<sizeof(KV), D>;
   constexpr bool kFp8 = sizeof(KV) == 1;
-  for (const int group : g_groups)
+  for (const auto& [group, q_len] : g_groups)
   for (const int block_size : {8, 16, 32}) {
     for (const bool v2 : {false, true}) {
       DecodeParams p;
@@ -122,6 +125,7 @@ void probe_pass1() {
       p.num_seqs = 1;
       p.num_kv_heads = 8;
       p.num_q_heads = 8 * group;
+      p.q_len = q_len;
       p.num_blocks = 1 << 20;
       p.block_size = block_size;
       p.layout = kLayout;
@@ -143,7 +147,8 @@ void probe_pass1() {
       g_on_launch = [&](const FakeLaunch& l) {
         print_launch("pass1", l,
                      std::string("dtype=") + dtype_name<KV>() + " head_size=" + std::to_string(D) +
-                         " group=" + std::to_string(group) + " tile_tokens=" + std::to_string(Pol::kTileTokens) +
+                         " group=" + std::to_string(group) + " q_len=" + std::to_string(q_len) +
+                         " tile_tokens=" + std::to_string(Pol::kTileTokens) +
                          " kv_tile_bytes=" + std::to_string(2 * Pol::kTileTokens * D * sizeof(KV)) +
                          " row_tokens=" + std::to_string(Pol::kRowTokens));
       };
@@ -214,8 +219,11 @@ void fake_cudart_on_smem_optin(const char* kernel, int bytes) {
 #define DG_PROBE_launch_append_kv(...) probe_append<__VA_ARGS__>();
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) g_groups.push_back(std::atoi(argv[i]));
-  if (g_groups.empty()) g_groups = {1, 4, 8};
+  for (int i = 1; i < argc; ++i) {
+    const char* x = std::strchr(argv[i], 'x');
+    g_groups.emplace_back(std::atoi(argv[i]), x ? std::atoi(x + 1) : 1);
+  }
+  if (g_groups.empty()) g_groups = {{1, 1}, {4, 1}, {8, 1}};
 #include "probe_instances.inc"
   return 0;
 }

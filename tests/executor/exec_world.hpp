@@ -2,7 +2,8 @@
 // backend), sequences with distinct blocks, step inputs (lengths, block tables, slot mapping), random
 // q / new K / new V written into the executor's buffers, and the float64 reference of each layer.
 // fp8 caches (spec.kv_dtype): random codes, per-layer scales (k_scales[l], v_scales[l], host memory
-// the layers point at), the append checked code by code.
+// the layers point at), the append checked code by code. Steps of q_len > 1 tokens per sequence
+// (speculative decoding, set_lens' q_len): rows [num_seqs, q_len], slots of positions L - q_len + j.
 #pragma once
 
 #include <algorithm>
@@ -96,7 +97,8 @@ struct World {
 
   // Current step inputs.
   std::vector<int32_t> lens, tables;
-  std::vector<int64_t> slots;
+  std::vector<int64_t> slots;  // [num_seqs, q_len]
+  int q_len = 1;               // query tokens per sequence of the current step
   // Each sequence's blocks (distinct across sequences, fixed for the world's lifetime).
   std::vector<std::vector<int32_t>> seq_blocks;
 
@@ -165,21 +167,28 @@ struct World {
     return c;
   }
 
-  /// Step inputs for sequences 0..n-1 with these lengths; the new token of sequence i goes to
-  /// position len-1 of its own blocks.
-  void set_lens(const std::vector<int>& new_lens) {
+  /// Step inputs for sequences 0..n-1 with these lengths and `tokens` (q_len) new tokens each:
+  /// token j of sequence i goes to position len - tokens + j of its own blocks (q_len 1: len - 1).
+  void set_lens(const std::vector<int>& new_lens, int tokens = 1) {
     const int n = static_cast<int>(new_lens.size());
+    q_len = tokens;
     lens.assign(new_lens.begin(), new_lens.end());
     tables.assign(static_cast<std::size_t>(n) * stride, -7);  // unused entries hold junk
-    slots.resize(n);
+    slots.resize(static_cast<std::size_t>(n) * q_len);
     for (int i = 0; i < n; ++i) {
       const int used = (lens[i] + spec.block_size - 1) / spec.block_size;
       for (int j = 0; j < used; ++j) tables[static_cast<std::size_t>(i) * stride + j] = seq_blocks[i][j];
-      const int pos = lens[i] - 1;
-      slots[i] = static_cast<int64_t>(seq_blocks[i][pos / spec.block_size]) * spec.block_size +
-                 pos % spec.block_size;
+      for (int j = 0; j < q_len; ++j) slots[static_cast<std::size_t>(i) * q_len + j] = slot_of(i, lens[i] - q_len + j);
     }
   }
+
+  /// The cache slot of position `pos` of sequence i.
+  int64_t slot_of(int i, int pos) const {
+    return static_cast<int64_t>(seq_blocks[i][pos / spec.block_size]) * spec.block_size + pos % spec.block_size;
+  }
+
+  /// Query (and output, new K/V) rows of the current step: num_seqs x q_len.
+  int rows() const { return static_cast<int>(lens.size()) * q_len; }
 
   /// Random attention sinks in [lo, hi) for every layer (call before config()).
   void set_sinks(float lo, float hi) {
@@ -233,6 +242,7 @@ struct World {
     in.block_tables = tables.data();
     in.block_table_stride = stride;
     in.slot_mapping = slots.data();
+    in.q_len = q_len;
     return in;
   }
 
@@ -246,7 +256,7 @@ struct World {
 
   /// Random q and new K/V for the live rows of every layer, written into the executor's buffers.
   void fill_step(Executor& ex) {
-    const int n = static_cast<int>(lens.size());
+    const int n = rows();
     for (int l = 0; l < num_layers; ++l) {
       fill_uniform(spec.dtype, ex.query(l), q_elems(n, l), rng);
       fill_uniform(spec.dtype, ex.new_key(l), kv_elems(n, l), rng);
@@ -260,6 +270,7 @@ struct World {
     DecodeArgs a;
     a.spec = specs[l];
     a.num_seqs = n;
+    a.q_len = q_len;
     a.max_seq_len = *std::max_element(lens.begin(), lens.end());
     a.block_table_stride = stride;
     a.num_blocks = num_blocks;
@@ -275,7 +286,7 @@ struct World {
       a.k_scale = k_scales[l].data();
       a.v_scale = v_scales[l].data();
     }
-    std::vector<double> ref(q_elems(n, l), 0.0);
+    std::vector<double> ref(q_elems(rows(), l), 0.0);
     reference::paged_attention(a, ref.data());
     return ref;
   }
@@ -283,17 +294,19 @@ struct World {
   ::testing::AssertionResult check_layer(Executor& ex, int l, const float* alibi = nullptr) const {
     const std::vector<double> ref = reference(l, ex.query(l), alibi);
     const Tol t = tol_for(spec.dtype);
-    return check_close(spec.dtype, ex.output(l), ref.data(), static_cast<int>(lens.size()),
-                       specs[l].num_q_heads, specs[l].head_size, t.atol, t.rtol);
+    return check_close(spec.dtype, ex.output(l), ref.data(), rows(), specs[l].num_q_heads, specs[l].head_size,
+                       t.atol, t.rtol);
   }
 
-  /// Cache element offsets of the new token of sequence i: compares K and V with new_key/new_value.
+  /// Cache element offsets of each new token (row t = i * q_len + j, at slots[t]; skipped where
+  /// negative): compares K and V with new_key/new_value row t.
   /// fp8 caches: the codes of new_key / k_scale and new_value / v_scale (numeric.hpp's rounding).
   ::testing::AssertionResult check_appended(Executor& ex, int l) const {
     const AttentionSpec& spec = specs[l];  // this layer's heads, head size and cache dtype
     const int x = math::vllm_x(static_cast<int>(spec.kv_elem_size()));
-    for (std::size_t i = 0; i < lens.size(); ++i) {
+    for (std::size_t i = 0; i < slots.size(); ++i) {
       const int64_t slot = slots[i];
+      if (slot < 0) continue;
       const int64_t block = slot / spec.block_size;
       const int tok = static_cast<int>(slot % spec.block_size);
       for (int h = 0; h < spec.num_kv_heads; ++h)
@@ -313,7 +326,8 @@ struct World {
           const float gk = load_kv_as_float(spec, k[l].data(), ko);
           const float gv = load_kv_as_float(spec, v[l].data(), vo);
           if (gk != ek || gv != ev)
-            return ::testing::AssertionFailure() << "layer " << l << " seq " << i << " head " << h << " d " << d
+            return ::testing::AssertionFailure() << "layer " << l << " row " << i << " (seq " << i / q_len << ", token "
+                                                 << i % q_len << ") head " << h << " d " << d
                                                  << ": cache K " << gk << " V " << gv << ", appended K " << ek
                                                  << " V " << ev;
         }

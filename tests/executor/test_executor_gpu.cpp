@@ -221,12 +221,12 @@ struct GpuWorld {
     c.append_kv = false;  // the device caches stay equal to the host copies the reference reads
     return c;
   }
-  /// Random q for the live rows of every layer, copied into the executor's buffers (synchronously).
-  /// Drawn on the host, not with Thrust: the float64 reference reads q there.
+  /// Random q for the live rows of every layer (num_seqs x q_len), copied into the executor's
+  /// buffers (synchronously). Drawn on the host, not with Thrust: the float64 reference reads q there.
   std::vector<std::vector<char>> write_q(Executor& ex) {
     std::vector<std::vector<char>> qs;
     for (int l = 0; l < w.num_layers; ++l) {
-      const std::size_t n = w.q_elems(static_cast<int>(w.lens.size()), l);
+      const std::size_t n = w.q_elems(w.rows(), l);
       qs.emplace_back(n * dtype_size(w.spec.dtype));
       dgtest::fill_uniform(w.spec.dtype, qs.back().data(), n, w.rng);
       upload(ex.query(l), qs.back().data(), qs.back().size());
@@ -235,7 +235,7 @@ struct GpuWorld {
   }
   /// Layer l's output (device) against the float64 reference of the current inputs.
   ::testing::AssertionResult check(Executor& ex, int l, const void* q_host) {
-    const int n = static_cast<int>(w.lens.size());
+    const int n = w.rows();
     const std::vector<double> ref = w.reference(l, q_host);
     const dgtest::Tol t = dgtest::tol_for(w.spec.dtype);
     return dgtest::check_close_on_device(w.spec.dtype, ex.output(l), ref, n, w.specs[l].num_q_heads,
@@ -1304,6 +1304,77 @@ TEST(ExecutorGpu, MixedLayerGroupsMatchTheReferenceAndAppendBitwise) {
     const ExecutorStats st = ex.stats();
     EXPECT_EQ(st.rebinds, 1);
     for (const GraphStats& gs : st.graphs) EXPECT_EQ(gs.group_kernels.size(), 2u);
+  }
+#endif
+}
+
+// Speculative decoding (issue 18): a verify loop that drafts k = 3 (q_lens {1, 4}) and accepts
+// 0..3 drafts per step at random, so lengths grow by 1..4, some steps are n = 1, and one sequence
+// crosses 8192. GQA 4 x n 4 fills one 16-row tile of the tensor-core math. KV append on: every
+// step against the float64 reference, and at the end every cache bitwise equal to its host copy
+// after the same appends (host::append_kv over the [num_seqs, n] slots). Both band choices.
+TEST(ExecutorGpu, SpeculativeVerifyLoopMatchesTheReferenceAndAppendsBitwise) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  const int max_len = 9216, batch = 5;
+  for (BandSelect band : {BandSelect::kHost, BandSelect::kDevice}) {
+    GpuWorld g(gpu_spec(), 2, batch, max_len, 1818);
+    World& w = g.w;
+    ExecutorConfig c = g.config(8, max_len);
+    c.append_kv = true;  // the host copies get the same appends below
+    c.q_lens = {1, 4};
+    c.band_select = band;
+    Executor ex(c);
+    if (band == BandSelect::kDevice && ex.band_select() != BandSelect::kDevice) {
+      std::cout << "[driver] kDevice unavailable (" << ex.stats().band_select_note << "): only kHost run\n";
+      continue;
+    }
+    std::vector<int> committed = {8180, 0, 15, 1000, 4095};
+    std::mt19937 pick(18);
+    int n1 = 0, above = 0;
+    for (int step = 0; step < 10; ++step) {
+      const int n = step == 2 || pick() % 4 == 0 ? 1 : 4;
+      std::vector<int> lens;
+      for (int c0 : committed) lens.push_back(c0 + n);
+      w.set_lens(lens, n);
+      const auto qs = g.write_q(ex);
+      for (int l = 0; l < w.num_layers; ++l) {
+        const std::size_t elems = w.kv_elems(w.rows(), l), bytes = elems * dtype_size(w.spec.dtype);
+        std::vector<char> nk(bytes), nv(bytes);
+        dgtest::fill_uniform(w.spec.dtype, nk.data(), elems, w.rng);
+        dgtest::fill_uniform(w.spec.dtype, nv.data(), elems, w.rng);
+        upload(ex.new_key(l), nk.data(), bytes);
+        upload(ex.new_value(l), nv.data(), bytes);
+        AppendArgs a;
+        a.spec = w.specs[l];
+        a.num_tokens = w.rows();
+        a.num_blocks = w.num_blocks;
+        a.key = nk.data();
+        a.value = nv.data();
+        a.k_cache = w.k[l].data();
+        a.v_cache = w.v[l].data();
+        a.slot_mapping = a.host_slot_mapping = w.slots.data();
+        host::append_kv(a);
+      }
+      const StepResult r = ex.step(w.inputs());
+      CK(cudaStreamSynchronize(ex.stream()));
+      EXPECT_EQ(r.q_len, n);
+      for (int l = 0; l < w.num_layers; ++l)
+        EXPECT_TRUE(g.check(ex, l, qs[l].data())) << to_string(band) << " step " << step << " n " << n << " layer " << l;
+      n1 += n == 1;
+      above += lens[0] > 8192;
+      for (int& c0 : committed) c0 += 1 + (n == 1 ? 0 : static_cast<int>(pick() % n));
+    }
+    EXPECT_GT(n1, 0);
+    EXPECT_GT(above, 0);
+    for (int l = 0; l < w.num_layers; ++l) {
+      DevBuf hk(w.k[l].bytes), hv(w.v[l].bytes);
+      upload(hk.p, w.k[l].data(), w.k[l].bytes);
+      upload(hv.p, w.v[l].data(), w.v[l].bytes);
+      EXPECT_TRUE(dgtest::bitwise_equal_on_device(g.k[l]->p, hk.p, w.k[l].bytes)) << to_string(band) << " K cache " << l;
+      EXPECT_TRUE(dgtest::bitwise_equal_on_device(g.v[l]->p, hv.p, w.v[l].bytes)) << to_string(band) << " V cache " << l;
+    }
+    EXPECT_EQ(ex.stats().rejected_steps, 0);
   }
 #endif
 }

@@ -129,7 +129,7 @@ struct DeviceProblem {
     run([&] { paged_attention_v1(args, nullptr); });
   }
   void run_v2(int partition_size) {
-    const std::size_t bytes = v2_workspace_size(args.spec, args.num_seqs, args.max_seq_len, partition_size);
+    const std::size_t bytes = v2_workspace_size(args.spec, args.num_seqs, args.max_seq_len, partition_size, args.q_len);
     DevBuf ws(bytes);
     // NaN bytes: the merge must read only partials pass 1 wrote in this run.
     CUDA_OK(cudaMemset(ws.ptr, 0xff, ws.bytes));
@@ -1359,6 +1359,83 @@ TEST(GpuKernels, SoftcapOnLargeLogits) {
       dp.run_v2(64);
       EXPECT_TRUE(p->check(tol_for(*p))) << "V2";
     }
+}
+
+// ---------------------------------------------------------------- q_len rows (issue 18)
+
+// n query rows per sequence (speculative decoding's verify step): row j of a sequence of L tokens
+// attends t <= L - n + j. n in {1, 2, 3, 4, 5, 8} at lengths n, n + 1, 127 and past a partition
+// (8192 + n), with a second sequence. The rows choose the math (n x next_pow2(group) rows: groups
+// 1 and 2 reach the tensor cores from n = 4 and 2 on; fp32 stays on the CUDA cores), both layouts,
+// V1 and V2 (P 32: many partitions, a last one that only some rows reach). Every third case adds a
+// 64-token window (the rows' windows end at different positions), sinks, a soft-cap and ALiBi.
+// The naive kernel takes one row and rejects the rest.
+TEST(GpuKernels, QueryRowsMatchTheReference) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (int n : {1, 2, 3, 4, 5, 8})
+    for (int L : {n, n + 1, 127, 8192 + n}) {
+      ProblemSpec ps;
+      const int groups[] = {1, 2, 4, 8, 3};
+      const int g = groups[i % 5];
+      const int heads = g == 8 ? 16 : g == 3 ? 12 : 8;
+      ps.spec = make_spec(kDTypes[i % 3], i % 2 ? 64 : 128, 16, kLayouts[(i / 3) % 2], heads, heads / g);
+      if (i % 3 == 2) {
+        ps.spec.sliding_window = 64;
+        ps.spec.logit_softcap = 30.0f;
+        ps.alibi = true;
+      }
+      ps.q_len = n;
+      ps.lens = {L, std::max(n, L / 3 + 1)};
+      ps.distinct_blocks = true;
+      ps.seed = 5100 + i++;
+      auto p = dgtest::make_problem(ps);
+      dgtest::free_blocks_outside_window(*p);
+      if (ps.spec.sliding_window > 0) {
+        std::vector<float> sinks(ps.spec.num_q_heads);
+        for (std::size_t h = 0; h < sinks.size(); ++h) sinks[h] = h % 2 ? 2.0f : -INFINITY;
+        p->set_sinks(sinks);
+      }
+      p->run_reference();
+      SCOPED_TRACE("n " + std::to_string(n) + " L " + std::to_string(L) + ": " + describe(ps.spec));
+      DeviceProblem dp(*p);
+      const Tolerance t = tol_for(*p);
+      dp.run_v1();
+      EXPECT_TRUE(p->check(t)) << "V1";
+      dp.run_v2(32);
+      EXPECT_TRUE(p->check(t)) << "V2";
+      if (n > 1) {
+        EXPECT_THROW(dp.run_naive(), decodegraph::InvalidArgument) << "naive";
+      }
+    }
+}
+
+// A kernel that let every row see the whole sequence (a top-left or missing causal mask) fails:
+// the device output against the reference of a step whose rows all sit at L - 1 differs.
+TEST(GpuKernels, QueryRowsAreCausalNotAllAtTheLastPosition) {
+  DG_REQUIRE_GPU();
+  ProblemSpec ps;
+  ps.spec = make_spec(DType::kBFloat16, 128, 16, KVLayout::kVLLM, 8, 2);
+  ps.q_len = 4;
+  ps.lens = {300};
+  auto p = dgtest::make_problem(ps);
+  p->run_reference();
+  DeviceProblem dp(*p);
+  dp.run_v1();
+  ASSERT_TRUE(p->check(tol_for(*p)));
+  // Rows 0..2 against the single-token answer at length 300 (what a missing mask would give).
+  DecodeArgs last = p->args;
+  last.q_len = 1;
+  std::vector<double> ref(p->ref.size());
+  const int len = 300;
+  last.seq_lens = &len;
+  for (int j = 0; j < 3; ++j) {
+    last.q = static_cast<const char*>(p->q.data()) + static_cast<std::size_t>(j) * 8 * 128 * 2;
+    decodegraph::reference::paged_attention(last, ref.data());
+    const auto* row = static_cast<const char*>(p->out.data()) + static_cast<std::size_t>(j) * 8 * 128 * 2;
+    EXPECT_FALSE(dgtest::check_close(DType::kBFloat16, row, ref.data(), 1, 8, 128, tol_for(*p).atol, tol_for(*p).rtol))
+        << "row " << j << " attended past its query";
+  }
 }
 
 }  // namespace

@@ -61,6 +61,7 @@ inline Tolerance large_logit_tolerance(DType dtype) { return tolerance(dtype); }
 struct ProblemSpec {
   AttentionSpec spec;
   std::vector<int> lens;  // per sequence; 0 marks a padded row
+  int q_len = 1;          // query rows per sequence (DecodeArgs::q_len); lens >= q_len or 0
   int max_seq_len = 0;    // 0: max(lens)
   int extra_stride = 0;   // block table columns beyond what max_seq_len needs
   int num_blocks = 0;     // 0: enough for distinct ids, capped at 97 (forces repeats)
@@ -86,8 +87,9 @@ struct Problem {
   std::vector<float> k_scales, v_scales;  // fp8 caches: [spec.kv_scale_count()]
   std::vector<float> sinks;  // attention sinks [num_q_heads], or empty (set_sinks)
   std::vector<double> ref;
-  std::vector<bool> mask;  // rows with seq_len > 0
+  std::vector<bool> mask;  // [num_seqs * q_len] rows of sequences with seq_len > 0
   std::size_t out_elems = 0;
+  int rows() const { return args.num_seqs * args.q_len; }
 
   /// Attention sinks, `sigma` for every head (host pointer in args; the device mirrors copy it).
   void set_sinks(const std::vector<float>& values) {
@@ -105,8 +107,8 @@ struct Problem {
   ::testing::AssertionResult padded_rows_untouched() const {
     const std::size_t row = static_cast<std::size_t>(args.spec.num_q_heads) * args.spec.head_size *
                             decodegraph::dtype_size(args.spec.dtype);
-    for (int s = 0; s < args.num_seqs; ++s) {
-      if (lens[s] != 0) continue;
+    for (int s = 0; s < rows(); ++s) {
+      if (lens[s / args.q_len] != 0) continue;
       const auto* a = static_cast<const unsigned char*>(out.data()) + s * row;
       const auto* b = static_cast<const unsigned char*>(poisoned.data()) + s * row;
       if (std::memcmp(a, b, row) != 0)
@@ -115,7 +117,7 @@ struct Problem {
     return ::testing::AssertionSuccess();
   }
   ::testing::AssertionResult check(Tolerance t) const {
-    return check_close(args.spec.dtype, out.data(), ref.data(), args.num_seqs,
+    return check_close(args.spec.dtype, out.data(), ref.data(), rows(),
                        args.spec.num_q_heads, args.spec.head_size, t.atol, t.rtol, mask);
   }
   Tolerance tol() const {
@@ -188,11 +190,12 @@ inline std::unique_ptr<Problem> make_problem(const ProblemSpec& ps) {
   DecodeArgs& a = p->args;
   a.spec = s;
   a.num_seqs = num_seqs;
+  a.q_len = ps.q_len;
   a.max_seq_len = max_len;
   a.block_table_stride = stride;
   a.num_blocks = num_blocks;
 
-  const std::size_t qn = static_cast<std::size_t>(num_seqs) * s.num_q_heads * s.head_size;
+  const std::size_t qn = static_cast<std::size_t>(num_seqs) * ps.q_len * s.num_q_heads * s.head_size;
   const std::size_t cn = static_cast<std::size_t>(num_blocks) * s.block_elems();
   p->out_elems = qn;
   p->q = make_buffer(s.dtype, qn);
@@ -230,8 +233,8 @@ inline std::unique_ptr<Problem> make_problem(const ProblemSpec& ps) {
       p->tables[static_cast<std::size_t>(sq) * stride + j] =
           ps.distinct_blocks ? perm[next++] : any_block(rng);
   p->lens.assign(ps.lens.begin(), ps.lens.end());
-  p->mask.resize(num_seqs);
-  for (int sq = 0; sq < num_seqs; ++sq) p->mask[sq] = ps.lens[sq] > 0;
+  p->mask.resize(static_cast<std::size_t>(num_seqs) * ps.q_len);
+  for (int r = 0; r < num_seqs * ps.q_len; ++r) p->mask[r] = ps.lens[r / ps.q_len] > 0;
   if (ps.alibi) p->slopes = alibi_slopes(s.num_q_heads);
 
   a.q = p->q.data();
@@ -250,7 +253,8 @@ inline std::unique_ptr<Problem> make_problem(const ProblemSpec& ps) {
 /// ps.distinct_blocks (no block is shared with an attended one). Returns the blocks poisoned.
 inline int free_blocks_outside_window(Problem& p) {
   const AttentionSpec& s = p.args.spec;
-  const int W = s.sliding_window, bs = s.block_size;
+  // The earliest row (q_len > 1: row 0, at position len - q_len) sets the first position read.
+  const int W = s.sliding_window > 0 ? s.sliding_window + p.args.q_len - 1 : 0, bs = s.block_size;
   if (W <= 0) return 0;
   const std::size_t elems = s.block_elems();
   int freed = 0;
@@ -276,7 +280,7 @@ inline int free_blocks_outside_window(Problem& p) {
 /// Runs host V2 with a workspace of exactly the queried size.
 inline std::vector<std::uint64_t> run_host_v2(const DecodeArgs& a, int partition_size) {
   const std::size_t bytes =
-      decodegraph::v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, partition_size);
+      decodegraph::v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, partition_size, a.q_len);
   std::vector<std::uint64_t> ws(bytes / 8 + 2);
   // Poison the workspace too: the merge must read only partials pass 1 wrote.
   std::fill(ws.begin(), ws.end(), 0x7ff8dead7ff8deadull);
