@@ -155,11 +155,12 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
   // last, seq_len - 1). A slot of position seq_len (lengths counted before the append) is the classic
   // off-by-one: the attention would read a stale token and the new one would land past the length.
   for (int t = 0; t < n * q; ++t) {
-    if (slots[t] < 0) continue;
     const int i = t / q;
-    require_position_slot(slot_name(t), slots[t], lens[i] - q + 1 + t % q,
-                          bt + static_cast<std::size_t>(i) * in.block_table_stride, in.block_table_stride, bs,
-                          cfg_.num_blocks, "inputs.block_tables[" + std::to_string(i) + "]");
+    const int32_t* row = bt + static_cast<std::size_t>(i) * in.block_table_stride;
+    const int len = lens[i] - q + 1 + t % q;
+    if (slots[t] < 0 || position_slot_ok(slots[t], len, row, in.block_table_stride, bs, cfg_.num_blocks)) continue;
+    require_position_slot(slot_name(t), slots[t], len, row, in.block_table_stride, bs, cfg_.num_blocks,
+                          "inputs.block_tables[" + std::to_string(i) + "]");
   }
 }
 

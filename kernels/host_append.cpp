@@ -24,7 +24,11 @@ void append_kv(const AppendArgs& args) {
   validate_append_args(checked);
   if (args.block_tables != nullptr) {
     for (int t = 0; t < args.num_tokens; ++t) {
-      if (args.slot_mapping[t] < 0) continue;
+      const int32_t* tr = args.block_tables + static_cast<int64_t>(t) * args.block_table_stride;
+      if (args.slot_mapping[t] < 0 ||
+          detail::position_slot_ok(args.slot_mapping[t], args.seq_lens[t], tr, args.block_table_stride,
+                                   args.spec.block_size, args.num_blocks))
+        continue;
       const std::string row = "block_tables[" + std::to_string(t) + "]";
       detail::require_position_slot("slot_mapping[" + std::to_string(t) + "]", args.slot_mapping[t], args.seq_lens[t],
                                     args.block_tables + static_cast<int64_t>(t) * args.block_table_stride,

@@ -200,6 +200,15 @@ void detail::require_position_slot(const std::string& param, int64_t slot, int l
                     std::to_string(block_size) + " + " + std::to_string(off) + " = " + std::to_string(want));
 }
 
+bool detail::position_slot_ok(int64_t slot, int len, const int32_t* row, int block_table_stride, int block_size,
+                              int num_blocks) {
+  if (len >= 1 && (len - 1) / block_size < block_table_stride) {
+    const int32_t id = row[(len - 1) / block_size];
+    if (id < 0 || id >= num_blocks) return false;
+  }
+  return slot == kernels::position_slot(len, row, block_table_stride, block_size);
+}
+
 void validate_append_args(const AppendArgs& a) {
   validate_spec(a.spec);
   require(a.num_tokens > 0, "num_tokens", a.num_tokens, "a positive integer");

@@ -27,6 +27,10 @@ void check_host_sinks(const AttentionSpec& spec, const float* sinks);
 /// Shared by host::append_kv and the executor's kFull check.
 void require_position_slot(const std::string& param, int64_t slot, int len, const int32_t* row,
                            int block_table_stride, int block_size, int num_blocks, const std::string& row_name);
+/// What require_position_slot accepts, without forming a message: callers check each token with it
+/// and name only a token that fails (the checks run per token of every kFull or host-append step).
+bool position_slot_ok(int64_t slot, int len, const int32_t* row, int block_table_stride, int block_size,
+                      int num_blocks);
 
 /// Elements between consecutive sequences' rows of q / out, and tokens' rows of key / value:
 /// the stride given, or one packed row when it is 0.

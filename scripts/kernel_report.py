@@ -828,6 +828,15 @@ def guard(rows: list[Row], groups: list[str] | None = None) -> list[str]:
                 r.per_byte > GUARD_MAX_SOFTCAP_RATIO * r.per_byte_nocap:
             fail(f"[soft-cap path] {r.kernel}: {r.per_byte:.3f} warp-instructions per KV byte with the cap, "
                  f"{r.per_byte_nocap:.3f} without; allowed: at most {GUARD_MAX_SOFTCAP_RATIO:.2f}x")
+    def within(rule: str, target: list[Row], limit: float) -> None:
+        for r in target:
+            where = f"{r.kernel} (dtype {r.dtype}, head 128, group {r.group}, q_len {r.q_len})"
+            if r.per_byte is None:
+                fails.append(f"[{rule}] {where}: could not be counted (see --verbose)")
+            elif r.per_byte > limit:
+                fails.append(f"[{rule}] {where}: {r.per_byte:.3f} warp-instructions per KV byte; "
+                             f"allowed: at most {limit:.2f}")
+
     for dtypes, limit, name in (({"bf16"}, GUARD_MAX_INSTR_PER_BYTE, "bf16"),
                                 (set(FP8_DTYPES), GUARD_MAX_FP8_INSTR_PER_BYTE, "fp8")):
         target = [r for r in rows if r.family == "pass1" and r.dtype in dtypes and r.head_size == 128 and r.group == 4]
@@ -836,13 +845,7 @@ def guard(rows: list[Row], groups: list[str] | None = None) -> list[str]:
         if name == "fp8" and {r.dtype for r in target} != set(FP8_DTYPES):
             fails.append(f"[instr/KV byte] fp8: launches for {sorted(FP8_DTYPES)} expected, found "
                          f"{sorted({r.dtype for r in target})}")
-        for r in target:
-            where = f"{r.kernel} (dtype {r.dtype}, head 128, group 4, q_len {r.q_len})"
-            if r.per_byte is None:
-                fails.append(f"[instr/KV byte] {where}: could not be counted (see --verbose)")
-            elif r.per_byte > limit:
-                fails.append(f"[instr/KV byte] {where}: {r.per_byte:.3f} warp-instructions per KV byte; "
-                             f"allowed: at most {limit:.2f}")
+        within("instr/KV byte", target, limit)
     # q_len 4 (issue 18): bf16 / head 128 launches at 4 rows per sequence exist (groups 1 and 4: 4 and
     # 16 rows, both on the tensor cores) and hold the bf16 limit; their spills are rule 1's.
     n4 = [r for r in rows if r.family == "pass1" and r.dtype == "bf16" and r.head_size == 128 and r.q_len == 4]
@@ -850,13 +853,7 @@ def guard(rows: list[Row], groups: list[str] | None = None) -> list[str]:
     if wanted and not {1, 4} <= {r.group for r in n4}:
         fails.append("[q_len 4] no pass-1 launch for bf16, head 128, q_len 4 at groups 1 and 4 was found "
                      "(run with --groups ...,1x4,4x4)")
-    for r in n4:
-        where = f"{r.kernel} (dtype bf16, head 128, group {r.group}, q_len 4)"
-        if r.per_byte is None:
-            fails.append(f"[q_len 4] {where}: could not be counted (see --verbose)")
-        elif r.per_byte > GUARD_MAX_INSTR_PER_BYTE:
-            fails.append(f"[q_len 4] {where}: {r.per_byte:.3f} warp-instructions per KV byte; "
-                         f"allowed: at most {GUARD_MAX_INSTR_PER_BYTE:.2f}")
+    within("q_len 4", n4, GUARD_MAX_INSTR_PER_BYTE)
     return fails
 
 

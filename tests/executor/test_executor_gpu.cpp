@@ -202,6 +202,28 @@ struct GpuWorld {
       if (!w.sinks[l].empty()) upload(sinks.back()->p, w.sinks[l].data(), w.sinks[l].size() * sizeof(float));
     }
   }
+  /// Random new K/V for `tokens` rows into the executor's buffers, and the same append on the host
+  /// copies (what the reference reads; the device caches get it from the step's append).
+  void append_new_kv(Executor& ex, int tokens) {
+    for (int l = 0; l < w.num_layers; ++l) {
+      const std::size_t elems = w.kv_elems(tokens, l), bytes = elems * dtype_size(w.spec.dtype);
+      std::vector<char> nk(bytes), nv(bytes);
+      dgtest::fill_uniform(w.spec.dtype, nk.data(), elems, w.rng);
+      dgtest::fill_uniform(w.spec.dtype, nv.data(), elems, w.rng);
+      upload(ex.new_key(l), nk.data(), bytes);
+      upload(ex.new_value(l), nv.data(), bytes);
+      AppendArgs a;
+      a.spec = w.specs[l];
+      a.num_tokens = tokens;
+      a.num_blocks = w.num_blocks;
+      a.key = nk.data();
+      a.value = nv.data();
+      a.k_cache = w.k[l].data();
+      a.v_cache = w.v[l].data();
+      a.slot_mapping = a.host_slot_mapping = w.slots.data();
+      host::append_kv(a);
+    }
+  }
   void upload_caches(int l) {
     upload(k[l]->p, w.k[l].data(), w.k[l].bytes);
     upload(v[l]->p, w.v[l].data(), w.v[l].bytes);
@@ -1267,24 +1289,7 @@ TEST(ExecutorGpu, MixedLayerGroupsMatchTheReferenceAndAppendBitwise) {
         w.set_lens(lens);
         const int n = static_cast<int>(lens.size());
         const auto qs = g.write_q(ex);
-        for (int l = 0; l < w.num_layers; ++l) {
-          const std::size_t elems = w.kv_elems(n, l), bytes = elems * dtype_size(w.spec.dtype);
-          std::vector<char> nk(bytes), nv(bytes);
-          dgtest::fill_uniform(w.spec.dtype, nk.data(), elems, w.rng);
-          dgtest::fill_uniform(w.spec.dtype, nv.data(), elems, w.rng);
-          upload(ex.new_key(l), nk.data(), bytes);
-          upload(ex.new_value(l), nv.data(), bytes);
-          AppendArgs a;
-          a.spec = w.specs[l];
-          a.num_tokens = n;
-          a.num_blocks = w.num_blocks;
-          a.key = nk.data();
-          a.value = nv.data();
-          a.k_cache = w.k[l].data();
-          a.v_cache = w.v[l].data();
-          a.slot_mapping = a.host_slot_mapping = w.slots.data();
-          host::append_kv(a);
-        }
+        g.append_new_kv(ex, n);
         const StepResult r = ex.step(w.inputs());
         CK(cudaStreamSynchronize(ex.stream()));
         for (int l = 0; l < w.num_layers; ++l)
@@ -1338,24 +1343,7 @@ TEST(ExecutorGpu, SpeculativeVerifyLoopMatchesTheReferenceAndAppendsBitwise) {
       for (int c0 : committed) lens.push_back(c0 + n);
       w.set_lens(lens, n);
       const auto qs = g.write_q(ex);
-      for (int l = 0; l < w.num_layers; ++l) {
-        const std::size_t elems = w.kv_elems(w.rows(), l), bytes = elems * dtype_size(w.spec.dtype);
-        std::vector<char> nk(bytes), nv(bytes);
-        dgtest::fill_uniform(w.spec.dtype, nk.data(), elems, w.rng);
-        dgtest::fill_uniform(w.spec.dtype, nv.data(), elems, w.rng);
-        upload(ex.new_key(l), nk.data(), bytes);
-        upload(ex.new_value(l), nv.data(), bytes);
-        AppendArgs a;
-        a.spec = w.specs[l];
-        a.num_tokens = w.rows();
-        a.num_blocks = w.num_blocks;
-        a.key = nk.data();
-        a.value = nv.data();
-        a.k_cache = w.k[l].data();
-        a.v_cache = w.v[l].data();
-        a.slot_mapping = a.host_slot_mapping = w.slots.data();
-        host::append_kv(a);
-      }
+      g.append_new_kv(ex, w.rows());
       const StepResult r = ex.step(w.inputs());
       CK(cudaStreamSynchronize(ex.stream()));
       EXPECT_EQ(r.q_len, n);

@@ -127,7 +127,9 @@ TEST(HostWindow, ZeroKeysAverageExactlyTheLastWTokens) {
         free_blocks_outside_window(*p);
         p->run_reference();
         const std::string where = "W " + std::to_string(W) + " L " + std::to_string(L) + " sink " + std::to_string(sink);
-        for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(p->ref[i], want[i], 1e-12) << where << " i " << i;
+        // float64 means of at most 2W + 3 = 261 values below 1: error <= 261 x 2^-53 < 1e-13. The host's
+        // fp32 mean rounds at each of those adds, a random walk of about sqrt(261) x 2^-24 ~ 1e-6.
+        for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(p->ref[i], want[i], 1e-13) << where << " i " << i;
         decodegraph::host::paged_attention_v1(p->args);
         EXPECT_TRUE(check_close(s.dtype, p->out.data(), want.data(), 1, 4, 64, 1e-6, 1e-6)) << where << " V1";
         p->poison_out();
