@@ -63,6 +63,8 @@ int run_and_report(const Setup& s, std::FILE* out) {
   const std::vector<BandRow> rows =
       band_rows(loop.recs, s.gpu ? machine.read.median_gbs : 0, s.gpu ? machine.copy.median_gbs : 0);
   fmt::print(out, "{}", band_report(rows, s.opt.batch, s.opt.layers, s.gpu));
+  const std::vector<VerifyRow> verify = verify_rows(loop.recs, s.opt.batch);
+  fmt::print(out, "{}", verify_report(verify));
   fmt::print(out, "{}",
              policies_report(policy_rows, s.opt.batch, model_cfg.device_model, s.opt.policy, s.opt.threshold));
   if (s.opt.csv) fmt::print("{}", band_csv(rows));
@@ -80,13 +82,14 @@ int run_and_report(const Setup& s, std::FILE* out) {
   fmt::print(out, "wall time of the loop: {:.1f} s\n", loop.run_s);
 
   if (!s.opt.json_path.empty()) {
-    write_json(s.opt.json_path, run_json({s, machine, ex, policy_rows, rows, stats, mem, costs, loop, totals}));
+    write_json(s.opt.json_path, run_json({s, machine, ex, policy_rows, rows, verify, stats, mem, costs, loop, totals}));
     fmt::print(out, "json: {}\n", s.opt.json_path);
   }
-  if (loop.check.mismatch_steps > 0 || loop.check.ref_failed) {
-    fmt::print(stderr, "\nFAILED: {} layer-steps where eager and graph outputs disagree{}\n",
+  if (loop.check.mismatch_steps > 0 || loop.check.ref_failed || !loop.check.append_failure.empty()) {
+    fmt::print(stderr, "\nFAILED: {} layer-steps where eager and graph outputs disagree{}{}\n",
                loop.check.mismatch_steps,
-               loop.check.ref_failed ? "; graph output out of tolerance against the float64 reference" : "");
+               loop.check.ref_failed ? "; graph output out of tolerance against the float64 reference" : "",
+               loop.check.append_failure.empty() ? "" : "; a token's K/V not at its position: " + loop.check.append_failure);
     for (const auto& m : loop.check.mismatches) fmt::print(stderr, "  {}\n", m);
     return 1;
   }
