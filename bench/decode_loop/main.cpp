@@ -2,7 +2,9 @@
 //
 // It allocates paged KV caches (random data) and block tables, then simulates a decode loop: every
 // step each sequence grows by one token, a new block is appended to its block table when the token
-// starts one, and the token's slot goes into slot_mapping. Each step replays through the Executor
+// starts one, and the token's slot goes into slot_mapping. With --q-len / --q-lens it is a
+// speculative verify loop: each step brings n tokens per sequence (slot_mapping [batch, n]) and each
+// sequence accepts a random 0..n-1 of its drafts, growing by 1..n. Each step replays through the Executor
 // (append the new K/V, then attention, for every layer) and runs again eagerly (CUDA: the eager
 // launchers; host backend: the host:: implementation) on the same inputs; the outputs must agree
 // (bitwise on a GPU, within tolerance on the host backend), otherwise the program exits non-zero.
@@ -28,7 +30,7 @@
 //   policies         kAuto against kThreshold per band
 //   plan_only        --plan-only
 //   bands            per-step records and the per-band table: a column is one entry of band_columns()
-//                    and appears in the text table, the CSV and the JSON
+//                    and appears in the text table, the CSV and the JSON; KV bytes per generated token
 //   check            eager against graph, graph against the float64 reference
 //   progress         the progress bar
 //   run_loop         the caches and the loop: a segment's block tables, one step, its eager twin
