@@ -175,7 +175,9 @@ json check_json(const Setup& s, const LoopResults& loop, const StepTotals& total
           {"bitwise_equal_steps", totals.bitwise_steps},
           {"max_abs_diff", num_or_null(totals.max_diff)},
           {"reference_checks", loop.check.ref_checks},
-          {"reference_max_err", num_or_null(loop.check.ref_max_err)}};
+          {"reference_max_err", num_or_null(loop.check.ref_max_err)},
+          {"append_checks", loop.check.append_checks},  // host backend: token x layer appends looked up
+          {"append_failure", loop.check.append_failure}};
 }
 
 json steps_json(const std::vector<StepRecord>& recs) {
