@@ -127,10 +127,13 @@ void add_loop_options(CLI::App& app, Options& o, std::string& q_len, std::string
                  fmt::format("speculative decoding: every step verifies N query tokens per sequence (1 + N-1 "
                              "drafts; 1..{}), of which a random 0..N-1 drafts are accepted: lengths grow by 1..N",
                              dg::kMaxQLen))
+      ->type_name("N")
       ->group("loop");
   app.add_option("--q-lens", q_lens,
                  "a mixed verify loop: each step picks its n from this list (e.g. 1,4: EAGLE with 3 drafts, "
-                 "steps without drafts n = 1) at random under --seed; the executor captures graphs for each")
+                 "steps without drafts n = 1) at random under --seed; the executor captures graphs for each. Not "
+                 "with --q-len")
+      ->type_name("A,B,...")
       ->group("loop");
   app.add_option("--max-seq-len", o.max_seq_len,
                  "executor max_seq_len (default: next power of two >= the longest length)")
