@@ -70,23 +70,75 @@ double kv_bytes(const AttentionSpec& spec, long long len) {
   return 2.0 * static_cast<double>(len) * spec.num_kv_heads * spec.head_size * static_cast<double>(spec.kv_elem_size());
 }
 
+namespace {
+/// Tokens sequence of `len` reads: from the first block of row 0's window on (docs/design.md).
+int tokens_read(const AttentionSpec& spec, int len, int q_len) {
+  return len - decodegraph::math::window_origin(len, decodegraph::math::read_window(spec.sliding_window, q_len),
+                                                spec.block_size);
+}
+}  // namespace
+
 double attention_bytes(const AttentionSpec& spec, const int32_t* seq_lens, int num_seqs,
-                       KernelKind kernel, int partition_size) {
+                       KernelKind kernel, int partition_size, int q_len) {
   const double esize = static_cast<double>(decodegraph::dtype_size(spec.dtype));
-  const double qo_row = static_cast<double>(spec.num_q_heads) * spec.head_size * esize;
-  // One partition's fp32 partials per q head: max logit, exp sum, head_size outputs.
-  const double partial = static_cast<double>(spec.num_q_heads) * (2.0 + spec.head_size) * 4.0;
+  const double qo_rows = static_cast<double>(q_len) * spec.num_q_heads * spec.head_size * esize;
+  // One partition's fp32 partials per q head and row: max logit, exp sum, head_size outputs.
+  const double partial = static_cast<double>(q_len) * spec.num_q_heads * (2.0 + spec.head_size) * 4.0;
   double total = 0;
   for (int i = 0; i < num_seqs; ++i) {
     const int len = seq_lens[i];
     if (len <= 0) continue;
-    // A sliding window reads from its first block on (docs/design.md): those tokens, and their partitions.
-    const int read = len - decodegraph::math::window_origin(len, spec.sliding_window, spec.block_size);
-    total += kv_bytes(spec, read) + 2.0 * qo_row;
+    const int read = tokens_read(spec, len, q_len);
+    total += kv_bytes(spec, read) + 2.0 * qo_rows;
     if (kernel == KernelKind::kV2 && partition_size > 0)
       total += 2.0 * partial * decodegraph::num_partitions(read, partition_size);  // written + read
   }
   return total;
+}
+
+double attention_kv_bytes(const AttentionSpec& spec, const int32_t* seq_lens, int num_seqs, int q_len) {
+  double total = 0;
+  for (int i = 0; i < num_seqs; ++i)
+    if (seq_lens[i] > 0) total += kv_bytes(spec, tokens_read(spec, seq_lens[i], q_len));
+  return total;
+}
+
+std::string appended_kv_mismatch(const AttentionSpec& spec, const void* k_cache, const void* v_cache,
+                                 const float* k_scale, const float* v_scale, const void* key, const void* value,
+                                 const int32_t* seq_lens, const int32_t* block_tables, int block_table_stride,
+                                 int num_seqs, int q_len) {
+  namespace m = decodegraph::math;
+  const int x = m::vllm_x(static_cast<int>(spec.kv_elem_size()));
+  for (int i = 0; i < num_seqs; ++i) {
+    if (seq_lens[i] <= 0) continue;
+    for (int j = 0; j < q_len; ++j) {
+      const int pos = seq_lens[i] - q_len + j;
+      const int64_t block = block_tables[static_cast<std::size_t>(i) * block_table_stride + pos / spec.block_size];
+      const int tok = pos % spec.block_size;
+      const std::size_t row = static_cast<std::size_t>(i) * q_len + j;
+      for (int h = 0; h < spec.num_kv_heads; ++h)
+        for (int d = 0; d < spec.head_size; ++d) {
+          const std::size_t src = (row * spec.num_kv_heads + h) * spec.head_size + d;
+          float ek = decodegraph::load_as_float(spec.dtype, key, src);
+          float ev = decodegraph::load_as_float(spec.dtype, value, src);
+          if (spec.fp8_kv()) {  // what the append stores: the code of x / scale
+            const int si = spec.kv_scale_per_head ? h : 0;
+            ek = decodegraph::fp8_bits_to_float(spec.kv_dtype, decodegraph::float_to_fp8_bits(spec.kv_dtype, ek / k_scale[si]));
+            ev = decodegraph::fp8_bits_to_float(spec.kv_dtype, decodegraph::float_to_fp8_bits(spec.kv_dtype, ev / v_scale[si]));
+          }
+          const float gk = decodegraph::load_kv_as_float(
+              spec, k_cache, m::k_offset(spec.layout, block, h, tok, d, spec.num_kv_heads, spec.head_size, spec.block_size, x));
+          const float gv = decodegraph::load_kv_as_float(
+              spec, v_cache, m::v_offset(spec.layout, block, h, tok, d, spec.num_kv_heads, spec.head_size, spec.block_size));
+          // Compared as values: the fills never write NaN, and -0 / +0 are one value of the cache.
+          if (gk != ek || gv != ev)
+            return fmt::format("sequence {} token {} of {} (position {}, block {}) kv head {} element {}: cache K {} V {}, "
+                               "appended K {} V {}",
+                               i, j, q_len, pos, block, h, d, gk, gv, ek, ev);
+        }
+    }
+  }
+  return {};
 }
 
 double percentile(std::vector<double> v, double p) {

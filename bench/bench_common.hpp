@@ -65,14 +65,28 @@ decodegraph::AttentionSpec layer_spec_of(const ModelPreset& preset, const decode
 /// The bytes model (docs/design.md, "Performance model"): bytes of one layer's attention for one step:
 ///   sum over sequences of 2 * len * kv_heads * head_size * bytes(kv)      (K and V read; fp8: 1;
 ///     a sliding window's len: the tokens it reads, from the window's first block on)
-///   + q read and out written                                           (num_seqs x q_heads x D each)
+///   + q read and out written                                 (num_seqs x q_len x q_heads x D each)
 ///   + V2 only: partials written by pass 1 and read by pass 2, per partition (max logit, exp sum and
-///     head_size partial outputs, fp32), for each sequence's ceil(len/P) partitions.
-/// Rows with len 0 (padding) move nothing.
+///     head_size partial outputs, fp32), for each sequence's ceil(len/P) partitions and q_len rows.
+/// q_len > 1 (speculative decoding): K and V are read once for all of a sequence's rows, and a window
+/// reads W + q_len - 1 tokens (from row 0's window on). Rows with len 0 (padding) move nothing.
 double attention_bytes(const decodegraph::AttentionSpec& spec, const int32_t* seq_lens, int num_seqs,
-                       decodegraph::KernelKind kernel, int partition_size);
+                       decodegraph::KernelKind kernel, int partition_size, int q_len = 1);
+/// The K and V part of attention_bytes alone: what the kernels read from the cache.
+double attention_kv_bytes(const decodegraph::AttentionSpec& spec, const int32_t* seq_lens, int num_seqs,
+                          int q_len = 1);
 /// KV bytes of a context of `len` tokens for one layer (K and V).
 double kv_bytes(const decodegraph::AttentionSpec& spec, long long len);
+
+/// Whether the KV append put every new token where attention reads it (host memory): token j of
+/// sequence i (row i * q_len + j of key / value, [num_seqs * q_len, kv_heads, head_size]) sits at
+/// position seq_lens[i] - q_len + j, found through block_tables (not through a slot mapping), and the
+/// cache must hold its K and V there, bitwise (fp8: the code of x / scale). Sequences of length 0 are
+/// skipped. Returns "" when every token is there, else the first one that is not.
+std::string appended_kv_mismatch(const decodegraph::AttentionSpec& spec, const void* k_cache, const void* v_cache,
+                                 const float* k_scale, const float* v_scale, const void* key, const void* value,
+                                 const int32_t* seq_lens, const int32_t* block_tables, int block_table_stride,
+                                 int num_seqs, int q_len);
 
 /// p in [0, 100]; linear interpolation between order statistics. 0 for an empty sample.
 double percentile(std::vector<double> values, double p);

@@ -195,6 +195,11 @@ if ((built)); then
         --preset llama3-8b --batch "$b" --layers "$layers" --capture up-front --steps 24 \
         --start-lens 400:480,1990:2030,8150:8180,30000:32000 --json "$out/decode_loop_b$b.json"
     done
+    # Speculative decoding's verify loop: steps of n = 1 and 4 (3 drafts), per (band, n), eager vs
+    # graph bitwise on every row, and the KV bytes per generated token against n = 1.
+    run_stage decode-loop-verify "$out/decode_loop_verify.txt" 60 "$loop" --backend cuda --no-progress \
+      --preset llama3-8b --batch 8 --layers 4 --q-lens 1,4 --steps 24 \
+      --start-lens 400:480,1990:2030,8150:8180,30000:32000 --json "$out/decode_loop_verify.json"
     run_stage decode-loop "$out/decode_loop.txt" 90 "$loop" --backend cuda --no-progress \
       --json "$out/decode_loop.json"
   else

@@ -63,7 +63,8 @@ def main(argv):
     labels = []
     for b in bands:
         kern = b["kernel"].upper() + (" P%d" % b["partition_size"] if b["kernel"] == "v2" else "")
-        labels.append("(%d, %d]\n%s" % (b["band_lo"], b["band_hi"], kern))
+        n = b.get("q_len", 1)  # a verify loop's rows are per (band, n); older files have no q_len
+        labels.append("(%d, %d]\n%s%s" % (b["band_lo"], b["band_hi"], kern, " n=%d" % n if n > 1 else ""))
     ax1.set_xticks(xs)
     ax1.set_xticklabels(labels, fontsize=8)
     ax1.set_yscale("log")

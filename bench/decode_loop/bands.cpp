@@ -12,12 +12,13 @@
 namespace dgloop {
 
 std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_bw_gbs, double copy_bw_gbs) {
-  std::map<std::tuple<int, int, int>, std::vector<const StepRecord*>> groups;
-  for (const auto& r : recs) groups[{r.band, static_cast<int>(r.kernel), r.partition_size}].push_back(&r);
+  std::map<std::tuple<int, int, int, int>, std::vector<const StepRecord*>> groups;
+  for (const auto& r : recs) groups[{r.band, r.q_len, static_cast<int>(r.kernel), r.partition_size}].push_back(&r);
   std::vector<BandRow> rows;
   for (const auto& [key, g] : groups) {
     BandRow row;
     row.band = g.front()->band;
+    row.q_len = g.front()->q_len;
     row.band_lo = g.front()->band_lo;
     row.band_hi = g.front()->band_hi;
     row.kernel = g.front()->kernel;
@@ -83,6 +84,9 @@ const std::vector<BandColumn>& band_columns() {
        [](const BandRow& b) { return band_label(b.band_lo, b.band_hi); }},
       {"band_hi", [](const BandRow& b) { return json(b.band_hi); },
        [](const BandRow& b) { return std::to_string(b.band_hi); }, nullptr, nullptr},
+      {"q_len", [](const BandRow& b) { return json(b.q_len); },
+       [](const BandRow& b) { return std::to_string(b.q_len); }, "n",
+       [](const BandRow& b) { return std::to_string(b.q_len); }},
       {"kernel", [](const BandRow& b) { return json(dg::to_string(b.kernel)); },
        [](const BandRow& b) { return std::string(dg::to_string(b.kernel)); }, "kernel",
        [](const BandRow& b) { return std::string(dg::to_string(b.kernel)); }},
@@ -130,13 +134,16 @@ const std::vector<BandColumn>& band_columns() {
 }
 
 std::string band_table(const std::vector<BandRow>& rows) {
+  // The n column only where some step has n > 1: a plain decode loop's table is unchanged.
+  const bool n_column = std::any_of(rows.begin(), rows.end(), [](const BandRow& b) { return b.q_len > 1; });
+  auto shown = [&](const BandColumn& c) { return c.text && (n_column || std::string(c.key) != "q_len"); };
   std::vector<std::vector<std::string>> table(1);
   for (const BandColumn& c : band_columns())
-    if (c.text) table[0].push_back(c.text_header);
+    if (shown(c)) table[0].push_back(c.text_header);
   for (const BandRow& b : rows) {
     std::vector<std::string>& cells = table.emplace_back();
     for (const BandColumn& c : band_columns())
-      if (c.text) cells.push_back(c.text(b));
+      if (shown(c)) cells.push_back(c.text(b));
   }
   return dgbench::format_table(table);
 }
@@ -179,6 +186,52 @@ json bands_json(const std::vector<BandRow>& rows) {
     for (const BandColumn& c : band_columns()) j[c.key] = c.json_value(b);
     a.push_back(std::move(j));
   }
+  return a;
+}
+
+// ---------------------------------------------------------------- KV bytes per generated token
+
+std::vector<VerifyRow> verify_rows(const std::vector<StepRecord>& recs, int batch) {
+  std::map<int, VerifyRow> by_n;
+  for (const StepRecord& r : recs) {
+    VerifyRow& v = by_n[r.q_len];
+    v.q_len = r.q_len;
+    v.steps += 1;
+    v.tokens += r.tokens;
+    v.seq_steps += batch;
+    v.kv_bytes += r.kv_bytes;
+    v.kv_bytes_n1 += r.kv_bytes_n1;
+  }
+  std::vector<VerifyRow> rows;
+  for (const auto& [n, v] : by_n) rows.push_back(v);
+  return rows;
+}
+
+std::string verify_report(const std::vector<VerifyRow>& rows) {
+  std::string s;
+  for (const VerifyRow& v : rows) {
+    if (v.q_len == 1) continue;  // n = 1 is the baseline itself
+    const double ratio = v.kv_per_token_n1() > 0 ? v.kv_per_token() / v.kv_per_token_n1() : 0;
+    s += fmt::format("bytes model: n = {}: {} of K+V read per generated token ({} step{}, {:.2f} tokens per sequence "
+                     "and step: accepted drafts + 1) against {} at n = 1 over the same lengths (1 token per "
+                     "sequence and step): {:.2f}x; a step reads the KV once for its n rows\n",
+                     v.q_len, dgbench::format_bytes(v.kv_per_token()), v.steps, v.steps == 1 ? "" : "s",
+                     v.tokens_per_seq_step(),
+                     dgbench::format_bytes(v.kv_per_token_n1()), ratio);
+  }
+  return s.empty() ? s : "\n" + s;
+}
+
+json verify_json(const std::vector<VerifyRow>& rows) {
+  json a = json::array();
+  for (const VerifyRow& v : rows)
+    a.push_back({{"q_len", v.q_len},
+                 {"steps", v.steps},
+                 {"tokens", v.tokens},
+                 {"tokens_per_seq_step", v.tokens_per_seq_step()},
+                 {"kv_bytes", v.kv_bytes},
+                 {"kv_bytes_per_token", num_or_null(v.kv_per_token(), v.tokens > 0)},
+                 {"kv_bytes_per_token_n1", num_or_null(v.kv_per_token_n1(), v.seq_steps > 0)}});
   return a;
 }
 

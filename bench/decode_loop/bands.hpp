@@ -21,8 +21,12 @@ struct StepRecord {
   bool captured = false;
   bool measured = false;  // the step timed kMeasured's candidates
   int graph_id = -1;
+  int q_len = 1;     // n: query tokens per sequence
   int max_len = 0;
   double bytes = 0;  // bytes model, all layers
+  double kv_bytes = 0;  // its K and V part (the cache read once for all n rows), all layers
+  double kv_bytes_n1 = 0;  // the same of a step of n = 1 at the same lengths (a window reads W, not W + n - 1)
+  long long tokens = 0;  // tokens the step generated: per sequence its accepted drafts + 1
   double eager_us = 0;
   double graph_us = 0;
   double max_abs_diff = 0;
@@ -32,6 +36,7 @@ struct StepRecord {
 /// The steps of one (band, kernel, partition size), summarised.
 struct BandRow {
   int band = 0, band_lo = 0, band_hi = 0;
+  int q_len = 1;
   dg::KernelKind kernel = dg::KernelKind::kV1;
   int partition_size = 0;
   int steps = 0;           // all steps in the band
@@ -45,7 +50,7 @@ struct BandRow {
   double max_abs_diff = 0;
 };
 
-/// Groups the steps by (band, kernel, partition size); bandwidths <= 0 leave the percentages n/a.
+/// Groups the steps by (band, q_len, kernel, partition size), in that order; bandwidths <= 0 leave the percentages n/a.
 std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_bw_gbs, double copy_bw_gbs);
 
 /// "(lo, hi]"
@@ -56,5 +61,25 @@ std::string band_report(const std::vector<BandRow>& rows, int batch, int layers,
 /// --csv: a header line and one line per band.
 std::string band_csv(const std::vector<BandRow>& rows);
 json bands_json(const std::vector<BandRow>& rows);
+
+/// Per n of the run: KV bytes read per generated token by the bytes model, against n = 1 at the same
+/// lengths (every step reads the KV once, for its n rows; n = 1 generates one token per sequence and
+/// step, n generates accepted + 1).
+struct VerifyRow {
+  int q_len = 1;
+  int steps = 0;
+  long long tokens = 0;      // generated
+  long long seq_steps = 0;   // steps x sequences
+  double kv_bytes = 0;       // all steps, all layers
+  double kv_bytes_n1 = 0;    // steps of n = 1 at the same lengths
+  double kv_per_token() const { return tokens > 0 ? kv_bytes / static_cast<double>(tokens) : 0; }
+  /// n = 1 at the same lengths: one token per sequence and step.
+  double kv_per_token_n1() const { return seq_steps > 0 ? kv_bytes_n1 / static_cast<double>(seq_steps) : 0; }
+  double tokens_per_seq_step() const { return seq_steps > 0 ? static_cast<double>(tokens) / seq_steps : 0; }
+};
+std::vector<VerifyRow> verify_rows(const std::vector<StepRecord>& recs, int batch);
+/// The "bytes model: KV read per generated token" line(s); empty when every step has n = 1.
+std::string verify_report(const std::vector<VerifyRow>& rows);
+json verify_json(const std::vector<VerifyRow>& rows);
 
 }  // namespace dgloop

@@ -27,6 +27,7 @@ CaptureCost capture_cost(dg::ExecutorConfig cfg, dg::BandSelect mode) {
   c.instantiate_ms = st.instantiate_ms;
   c.graph_bytes = ex.memory().graphs;
   c.note = st.band_select_note;
+  c.q_lens = static_cast<int>(cfg.q_lens.size());
   return c;
 }
 
@@ -70,8 +71,8 @@ std::string run_capture_report(const std::vector<CaptureCost>& costs, bool gpu) 
   for (std::size_t i = 0; i < costs.size(); ++i)
     t[i + 1].push_back(gpu ? dgbench::format_bytes(static_cast<double>(costs[i].graph_bytes)) : "n/a (host)");
   return fmt::format("\ncapture cost, every bucket captured up front (kHost: one graph per distinct plan; kDevice: one "
-                     "per batch bucket){}:\n{}",
-                     costs.back().mode == "device" ? "" : " (kDevice fell back: " + costs.back().note + ")",
+                     "per {}){}:\n{}",
+                     costs.front().q_lens > 1 ? "(n, batch bucket)" : "batch bucket", costs.back().mode == "device" ? "" : " (kDevice fell back: " + costs.back().note + ")",
                      dgbench::format_table(t));
 }
 

@@ -18,6 +18,7 @@ struct CaptureCost {
   double capture_ms = 0, instantiate_ms = 0;
   std::size_t graph_bytes = 0;
   std::string note;  // why kDevice fell back, if it did
+  int q_lens = 1;    // how many q_lens the executor captured for
 };
 
 /// kHost, then kDevice, each with every bucket captured up front, on cfg's caches and backend.

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "bench_common.hpp"
+
 namespace dgloop {
 
 Tolerance tolerance_for(dg::DType t) {
@@ -47,6 +49,16 @@ void check_reference(const dg::DecodeArgs& a, const void* out, std::size_t elems
   ++sum.ref_checks;
 }
 
+void check_appended(const dg::AttentionSpec& spec, const void* k_cache, const void* v_cache, const float* k_scale,
+                    const float* v_scale, const void* key, const void* value, const int32_t* seq_lens,
+                    const int32_t* tables, int stride, int num_seqs, int q_len, const std::string& where,
+                    CheckSummary& sum) {
+  const std::string miss = dgbench::appended_kv_mismatch(spec, k_cache, v_cache, k_scale, v_scale, key, value, seq_lens,
+                                                         tables, stride, num_seqs, q_len);
+  if (!miss.empty() && sum.append_failure.empty()) sum.append_failure = where + ": " + miss;
+  sum.append_checks += static_cast<long long>(num_seqs) * q_len;
+}
+
 StepTotals step_totals(const std::vector<StepRecord>& recs) {
   StepTotals t;
   for (const auto& r : recs) {
@@ -63,9 +75,12 @@ std::string check_report(const CheckSummary& sum, const StepTotals& totals, std:
       "check: eager vs graph over {} steps x {} layers: {} steps bitwise equal, max |diff| {:.3g} ({})\n", steps,
       layers, totals.bitwise_steps, totals.max_diff,
       gpu ? "bitwise equality required" : fmt::format("tolerance atol {:.0e} rtol {:.0e}", tol.atol, tol.rtol));
-  if (!gpu)
+  if (!gpu) {
     s += fmt::format("check: graph vs float64 reference (layer 0) at {} steps: max |err| {:.3g} ({})\n", sum.ref_checks,
                      sum.ref_max_err, sum.ref_failed ? "OUT OF TOLERANCE" : "within tolerance");
+    s += fmt::format("check: the graph's KV append at every token's position (every step, row and layer): {} appends, {}\n",
+                     sum.append_checks, sum.append_failure.empty() ? "all in the cache" : "MISSING: " + sum.append_failure);
+  }
   return s;
 }
 

@@ -34,12 +34,23 @@ struct CheckSummary {
   int ref_checks = 0;
   double ref_max_err = 0;
   bool ref_failed = false;
+  /// Host backend: tokens whose appended K/V were looked up at their position (every layer, step and
+  /// row), and the first that was not there.
+  long long append_checks = 0;
+  std::string append_failure;
 
   void add_mismatch(std::string what);
 };
 
 /// Graph output `out` (host memory) against the float64 reference of `a`; adds to the summary.
 void check_reference(const dg::DecodeArgs& a, const void* out, std::size_t elems, Tolerance tol, CheckSummary& sum);
+
+/// The graph step's appends of one layer (host memory): every token's K/V at its position
+/// (dgbench::appended_kv_mismatch); adds to the summary.
+void check_appended(const dg::AttentionSpec& spec, const void* k_cache, const void* v_cache, const float* k_scale,
+                    const float* v_scale, const void* key, const void* value, const int32_t* seq_lens,
+                    const int32_t* tables, int stride, int num_seqs, int q_len, const std::string& where,
+                    CheckSummary& sum);
 
 /// Over all steps: how many were bitwise equal, and the largest |diff|.
 struct StepTotals {

@@ -2,7 +2,9 @@
 //
 // It allocates paged KV caches (random data) and block tables, then simulates a decode loop: every
 // step each sequence grows by one token, a new block is appended to its block table when the token
-// starts one, and the token's slot goes into slot_mapping. Each step replays through the Executor
+// starts one, and the token's slot goes into slot_mapping. With --q-len / --q-lens it is a
+// speculative verify loop: each step brings n tokens per sequence (slot_mapping [batch, n]) and each
+// sequence accepts a random 0..n-1 of its drafts, growing by 1..n. Each step replays through the Executor
 // (append the new K/V, then attention, for every layer) and runs again eagerly (CUDA: the eager
 // launchers; host backend: the host:: implementation) on the same inputs; the outputs must agree
 // (bitwise on a GPU, within tolerance on the host backend), otherwise the program exits non-zero.
@@ -28,7 +30,7 @@
 //   policies         kAuto against kThreshold per band
 //   plan_only        --plan-only
 //   bands            per-step records and the per-band table: a column is one entry of band_columns()
-//                    and appears in the text table, the CSV and the JSON
+//                    and appears in the text table, the CSV and the JSON; KV bytes per generated token
 //   check            eager against graph, graph against the float64 reference
 //   progress         the progress bar
 //   run_loop         the caches and the loop: a segment's block tables, one step, its eager twin
@@ -63,6 +65,8 @@ int run_and_report(const Setup& s, std::FILE* out) {
   const std::vector<BandRow> rows =
       band_rows(loop.recs, s.gpu ? machine.read.median_gbs : 0, s.gpu ? machine.copy.median_gbs : 0);
   fmt::print(out, "{}", band_report(rows, s.opt.batch, s.opt.layers, s.gpu));
+  const std::vector<VerifyRow> verify = verify_rows(loop.recs, s.opt.batch);
+  fmt::print(out, "{}", verify_report(verify));
   fmt::print(out, "{}",
              policies_report(policy_rows, s.opt.batch, model_cfg.device_model, s.opt.policy, s.opt.threshold));
   if (s.opt.csv) fmt::print("{}", band_csv(rows));
@@ -80,13 +84,14 @@ int run_and_report(const Setup& s, std::FILE* out) {
   fmt::print(out, "wall time of the loop: {:.1f} s\n", loop.run_s);
 
   if (!s.opt.json_path.empty()) {
-    write_json(s.opt.json_path, run_json({s, machine, ex, policy_rows, rows, stats, mem, costs, loop, totals}));
+    write_json(s.opt.json_path, run_json({s, machine, ex, policy_rows, rows, verify, stats, mem, costs, loop, totals}));
     fmt::print(out, "json: {}\n", s.opt.json_path);
   }
-  if (loop.check.mismatch_steps > 0 || loop.check.ref_failed) {
-    fmt::print(stderr, "\nFAILED: {} layer-steps where eager and graph outputs disagree{}\n",
+  if (loop.check.mismatch_steps > 0 || loop.check.ref_failed || !loop.check.append_failure.empty()) {
+    fmt::print(stderr, "\nFAILED: {} layer-steps where eager and graph outputs disagree{}{}\n",
                loop.check.mismatch_steps,
-               loop.check.ref_failed ? "; graph output out of tolerance against the float64 reference" : "");
+               loop.check.ref_failed ? "; graph output out of tolerance against the float64 reference" : "",
+               loop.check.append_failure.empty() ? "" : "; a token's K/V not at its position: " + loop.check.append_failure);
     for (const auto& m : loop.check.mismatches) fmt::print(stderr, "  {}\n", m);
     return 1;
   }

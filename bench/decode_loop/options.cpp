@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <sstream>
 #include <vector>
@@ -20,6 +21,32 @@ int parse_int_in(const std::string& what, const std::string& v, int lo, int hi) 
   if (v.empty() || ec != std::errc() || end != v.data() + v.size() || x < lo || x > hi)
     usage_error(fmt::format("{} = '{}' is invalid; allowed: an integer in {}..{}", what, v, lo, hi));
   return x;
+}
+
+std::vector<int> parse_q_lens(const std::string& option, const std::string& text, bool list) {
+  const std::string allowed =
+      list ? fmt::format("distinct integers in 1..{}, comma-separated (e.g. 1,4)", dg::kMaxQLen)
+           : fmt::format("an integer in 1..{}", dg::kMaxQLen);
+  auto bad = [&](const std::string& why) {
+    usage_error(fmt::format("{} = '{}' is invalid{}; allowed: {}", option, text, why, allowed));
+  };
+  std::vector<std::string> items;  // --q-len: the whole value, so "4,5" is one bad value
+  if (!list) items.push_back(text);
+  std::stringstream ss(text);
+  for (std::string item; list && std::getline(ss, item, ',');) items.push_back(item);
+  if (text.empty() || (list && text.back() == ',')) bad(" (an empty entry)");  // getline drops a trailing one
+  std::vector<int> out;
+  for (const std::string& item : items) {
+    int x = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), x);
+    if (item.empty()) bad(" (an empty entry)");
+    if (ec != std::errc() || end != item.data() + item.size() || x < 1 || x > dg::kMaxQLen)
+      bad(list ? fmt::format(" (entry '{}')", item) : "");
+    if (std::find(out.begin(), out.end(), x) != out.end()) bad(fmt::format(" ({} appears more than once)", x));
+    out.push_back(x);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 dg::DeviceModel parse_device_model(const std::string& text) {
@@ -86,7 +113,9 @@ void add_shape_options(CLI::App& app, Options& o) {
       ->group("shape");
 }
 
-void add_loop_options(CLI::App& app, Options& o) {
+/// --q-len and --q-lens land in `q_len` and `q_lens` as given: parse_options checks them, so that a
+/// bad value's message names the option, the value and what is allowed.
+void add_loop_options(CLI::App& app, Options& o, std::string& q_len, std::string& q_lens) {
   app.add_option("--batch", o.batch, "sequences per step")->check(positive())->group("loop");
   app.add_option("--start-lens", o.start_lens,
                  "comma-separated segments; each \"N\" (every sequence starts at N tokens) or \"MIN:MAX\" "
@@ -94,6 +123,18 @@ void add_loop_options(CLI::App& app, Options& o) {
       ->group("loop");
   app.add_option("--steps", o.steps, "steps per segment")->check(positive())->group("loop");
   app.add_option("--layers", o.layers, "layers (each with its own KV cache)")->check(positive())->group("loop");
+  app.add_option("--q-len", q_len,
+                 fmt::format("speculative decoding: every step verifies N query tokens per sequence (1 + N-1 "
+                             "drafts; 1..{}), of which a random 0..N-1 drafts are accepted: lengths grow by 1..N",
+                             dg::kMaxQLen))
+      ->type_name("N")
+      ->group("loop");
+  app.add_option("--q-lens", q_lens,
+                 "a mixed verify loop: each step picks its n from this list (e.g. 1,4: EAGLE with 3 drafts, "
+                 "steps without drafts n = 1) at random under --seed; the executor captures graphs for each. Not "
+                 "with --q-len")
+      ->type_name("A,B,...")
+      ->group("loop");
   app.add_option("--max-seq-len", o.max_seq_len,
                  "executor max_seq_len (default: next power of two >= the longest length)")
       ->check(positive())
@@ -163,8 +204,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       "decode_loop");
   app.get_formatter()->column_width(34);
   bool no_progress = false, no_check = false;
+  std::string q_len, q_lens;
   add_shape_options(app, o);
-  add_loop_options(app, o);
+  add_loop_options(app, o, q_len, q_lens);
   add_executor_options(app, o);
   add_output_options(app, o, no_progress, no_check);
   try {
@@ -179,6 +221,13 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   o.check = !no_check;
   for (const CLI::Option* opt : app.get_options())
     if (opt->count() > 0) o.given.insert(opt->get_name());
+  const bool one = o.given.count("--q-len") > 0, list = o.given.count("--q-lens") > 0;
+  if (one && list)
+    usage_error(fmt::format("--q-len = '{}' and --q-lens = '{}' are both given; allowed: one of them (--q-len N: "
+                            "every step N tokens; --q-lens A,B,...: each step one of the list)",
+                            q_len, q_lens));
+  if (one) o.q_lens = parse_q_lens("--q-len", q_len, /*list=*/false);
+  if (list) o.q_lens = parse_q_lens("--q-lens", q_lens, /*list=*/true);
   return std::nullopt;
 }
 

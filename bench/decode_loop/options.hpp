@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "decodegraph/decodegraph.hpp"
 
@@ -24,6 +25,9 @@ struct Options {
   std::string start_lens;
   int steps = 0;
   int layers = 0;
+  /// --q-len N or --q-lens A,B,...: the query tokens per sequence of the steps (speculative decoding's
+  /// verify loop); ascending, distinct, each 1..dg::kMaxQLen. {1}: plain decoding (neither given).
+  std::vector<int> q_lens = {1};
   std::string backend = "auto";
   std::string partition = "auto";
   int threshold = 8192;
@@ -52,6 +56,10 @@ struct UsageError : std::runtime_error {
 
 /// Parses a whole integer of an option's value (no sign, no trailing text) within [lo, hi].
 int parse_int_in(const std::string& what, const std::string& v, int lo, int hi);
+
+/// --q-len (`list` false: one value) or --q-lens (a comma-separated list of distinct values), each
+/// 1..dg::kMaxQLen; returned ascending.
+std::vector<int> parse_q_lens(const std::string& option, const std::string& text, bool list);
 
 /// --device-model "sms=N,blocks_per_sm=M": fields left out stay 0 (the backend's value).
 dg::DeviceModel parse_device_model(const std::string& text);

@@ -52,13 +52,21 @@ void print_plans(const Setup& s, const dg::ExecutorConfig& cfg, const std::strin
                  fmt::join(groups[g], ","), gs.num_q_heads, gs.num_kv_heads, gs.head_size, gs.effective_scale());
     }
   }
+  const std::size_t num_q = cfg.q_lens.size();
+  if (num_q > 1 || cfg.q_lens.front() > 1)
+    fmt::print(out, "q_lens {}: every (batch bucket, band) planned for each n, the table's n column (n query "
+                    "tokens per sequence: the last verified one and n - 1 drafts)\n",
+               fmt::join(cfg.q_lens, ","));
   const bool measured = cfg.policy == dg::KernelPolicy::kMeasured;
   // The graph column is the launch id: a graph under kHost, a SWITCH branch's launches under kDevice.
   std::set<int> batches;
   for (const dg::BucketPlan& p : plans) batches.insert(p.batch);
   const std::string graphs = cfg.band_select == dg::BandSelect::kHost
                                  ? std::string(", one graph each (band select host)")
-                                 : fmt::format(", in {} graphs, one per batch bucket (band select device)", batches.size());
+                                 : num_q > 1 ? fmt::format(", in {} graphs, one per (n, batch bucket) (band select device)",
+                                                           batches.size() * num_q)
+                                             : fmt::format(", in {} graphs, one per batch bucket (band select device)",
+                                                           batches.size());
   fmt::print(out, "{} buckets, {} distinct launches{}{}:\n{}", plans.size(),
              measured ? std::string("(decided when measured)") : std::to_string(distinct_graphs(plans)),
              measured ? "" : graphs, measured ? "; kMeasured starts from kAuto's choice" : "",
@@ -75,6 +83,7 @@ json plans_document(const Setup& s, const dg::ExecutorConfig& cfg, const std::st
   j["mode"] = "plan-only";
   j["config"] = shape_json(s.opt.preset, spec);
   j["config"].update({{"max_batch", cfg.max_batch},
+                      {"q_lens", cfg.q_lens},
                       {"max_seq_len", cfg.max_seq_len},
                       {"threshold", cfg.v2_threshold},
                       {"partition", s.opt.partition}});

@@ -40,16 +40,19 @@ std::string kernel_label(const dg::BucketPlan& p) {
 }
 
 std::string policies_table(const std::vector<PolicyRow>& rows) {
-  constexpr const char* kRow = "{:<5} {:<16} {:>10} {:>8}  {:>10} {:>8}  {}\n";
-  bool groups = false;  // a group column only where layers differ
+  constexpr const char* kRow = "{:<5} {:>2} {:<16} {:>10} {:>8}  {:>10} {:>8}  {}\n";
+  bool groups = false, n = false;  // a group column only where layers differ, n where some q_len > 1
   for (const PolicyRow& r : rows) groups = groups || r.automatic.group > 0;
-  auto row = [&](const std::string& group, auto&&... rest) {
-    std::string line = fmt::format(kRow, group, rest...);
+  for (const PolicyRow& r : rows) n = n || r.automatic.q_len > 1;
+  auto row = [&](const std::string& group, const std::string& q_len, auto&&... rest) {
+    std::string line = fmt::format(kRow, group, q_len, rest...);
+    if (!n) line.erase(6, 3);
     return groups ? line : line.substr(6);
   };
-  std::string s = row("group", "band", "kAuto", "live@lo", "kThreshold", "live@lo", "why");
+  std::string s = row("group", "n", "band", "kAuto", "live@lo", "kThreshold", "live@lo", "why");
   for (const PolicyRow& r : rows)
-    s += row(std::to_string(r.automatic.group), fmt::format("({}, {}]", r.automatic.band_lo, r.automatic.band_hi),
+    s += row(std::to_string(r.automatic.group), std::to_string(r.automatic.q_len),
+             fmt::format("({}, {}]", r.automatic.band_lo, r.automatic.band_hi),
              kernel_label(r.automatic), r.automatic.live_blocks_at_band_lo, kernel_label(r.threshold),
              r.threshold.live_blocks_at_band_lo, r.why);
   return s;
@@ -76,7 +79,8 @@ json policies_json(const std::vector<PolicyRow>& rows) {
                 {"live_blocks_at_band_lo", p.live_blocks_at_band_lo}};
   };
   for (const PolicyRow& r : rows)
-    a.push_back({{"band_lo", r.automatic.band_lo},
+    a.push_back({{"q_len", r.automatic.q_len},
+                 {"band_lo", r.automatic.band_lo},
                  {"band_hi", r.automatic.band_hi},
                  {"auto", side(r.automatic)},
                  {"threshold", side(r.threshold)},

@@ -37,6 +37,8 @@ std::string run_header(const Setup& s) {
                    spec.num_q_heads, spec.num_kv_heads, spec.head_size, spec.block_size, dg::to_string(spec.dtype),
                    dg::to_string(spec.kv_dtype), dg::to_string(spec.layout), s.opt.batch, s.opt.layers, s.opt.steps,
                    s.segments.size());
+  if (s.opt.q_lens.size() > 1 || s.opt.q_lens.front() > 1)
+    h += verify_loop_line(s.opt.q_lens);
   if (!s.cfg.layer_specs.empty()) {
     const std::vector<int> groups = dg::layer_groups_of(s.cfg);
     h += fmt::format("layers differ: {} layer groups, each planned on its own (the plan table's group column)\n",
@@ -54,7 +56,10 @@ std::string executor_report(const Setup& s, const dg::Executor& ex) {
                               s.opt.policy, model.num_sms, model.blocks_per_sm, model.target_blocks(), s.model_from);
   r += fmt::format("band select: {}{}\n", dg::to_string(ex.band_select()),
                    ex.band_select() == dg::BandSelect::kDevice
-                       ? " (one graph per batch bucket; the band is chosen in the graph, a SWITCH node per layer)"
+                       ? ex.config().q_lens.size() > 1
+                             ? " (one graph per (n, batch bucket); the band is chosen in the graph, a SWITCH node per "
+                               "layer)"
+                             : " (one graph per batch bucket; the band is chosen in the graph, a SWITCH node per layer)"
                        : (ex.stats().band_select_note.empty() ? " (one graph per distinct plan)"
                                                               : " (" + ex.stats().band_select_note + ")"));
   r += fmt::format("plan (every bucket; this run uses batch bucket {}; {} distinct graphs for {} buckets{}):\n{}\n",
@@ -69,9 +74,13 @@ std::string executor_report(const Setup& s, const dg::Executor& ex) {
 namespace {
 
 std::string graphs_table(const dg::ExecutorStats& stats) {
+  // An n column only where some graph has q_len > 1: a plain loop's table is unchanged.
+  const bool n_column =
+      std::any_of(stats.graphs.begin(), stats.graphs.end(), [](const dg::GraphStats& g) { return g.q_len > 1; });
   std::vector<std::vector<std::string>> t = {{"graph", "bucket", "lengths", "buckets", "kernel", "captures",
                                               "replays", "nodes", "capture ms", "instantiate ms", "measure ms"}};
-  for (const auto& g : stats.graphs)
+  if (n_column) t[0].insert(t[0].begin() + 2, "n");
+  for (const auto& g : stats.graphs) {
     t.push_back({std::to_string(g.graph_id), std::to_string(g.batch), band_label(g.band_lo, g.band_hi),
                  std::to_string(g.buckets),
                  g.switch_graph                    ? fmt::format("switch, {} branches", g.branches)
@@ -80,6 +89,8 @@ std::string graphs_table(const dg::ExecutorStats& stats) {
                  std::to_string(g.captures), std::to_string(g.replays), std::to_string(g.nodes),
                  fmt::format("{:.2f}", g.capture_ms), fmt::format("{:.2f}", g.instantiate_ms),
                  fmt::format("{:.2f}", g.measure_ms)});
+    if (n_column) t.back().insert(t.back().begin() + 2, std::to_string(g.q_len));
+  }
   return dgbench::format_table(t);
 }
 
@@ -116,6 +127,7 @@ json config_json(const Setup& s) {
             {"batch", o.batch},
             {"layers", o.layers},
             {"steps", o.steps},
+            {"q_lens", o.q_lens},
             {"start_lens", o.start_lens},
             {"max_seq_len", o.max_seq_len},
             {"threshold", o.threshold},
@@ -163,7 +175,9 @@ json check_json(const Setup& s, const LoopResults& loop, const StepTotals& total
           {"bitwise_equal_steps", totals.bitwise_steps},
           {"max_abs_diff", num_or_null(totals.max_diff)},
           {"reference_checks", loop.check.ref_checks},
-          {"reference_max_err", num_or_null(loop.check.ref_max_err)}};
+          {"reference_max_err", num_or_null(loop.check.ref_max_err)},
+          {"append_checks", loop.check.append_checks},  // host backend: token x layer appends looked up
+          {"append_failure", loop.check.append_failure}};
 }
 
 json steps_json(const std::vector<StepRecord>& recs) {
@@ -177,8 +191,11 @@ json steps_json(const std::vector<StepRecord>& recs) {
                   {"captured", r.captured},
                   {"measured", r.measured},
                   {"graph_id", r.graph_id},
+                  {"q_len", r.q_len},
+                  {"tokens", r.tokens},
                   {"max_len", r.max_len},
                   {"bytes", num_or_null(r.bytes)},
+                  {"kv_bytes", num_or_null(r.kv_bytes)},
                   {"eager_us", num_or_null(r.eager_us)},
                   {"graph_us", num_or_null(r.graph_us)}});
   return js;
@@ -203,6 +220,7 @@ json run_json(const RunReport& r) {
   j["plans"] = plans_json(r.ex.plans());
   j["policies"] = policies_json(r.policies);
   j["bands"] = bands_json(r.bands);
+  j["kv_per_token"] = verify_json(r.verify);
   j["captures"] = captures_json(r.stats);
   j["capture_compare"] = run_capture_json(r.costs);
   j["band_select"] = dg::to_string(r.ex.band_select());

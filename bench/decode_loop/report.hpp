@@ -33,6 +33,7 @@ struct RunReport {
   const dg::Executor& ex;
   const std::vector<PolicyRow>& policies;
   const std::vector<BandRow>& bands;
+  const std::vector<VerifyRow>& verify;
   const dg::ExecutorStats& stats;
   const dg::MemoryReport& mem;
   const std::vector<CaptureCost>& costs;

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <numeric>
 #include <random>
+#include <set>
+#include <utility>
 
 #include "progress.hpp"
 
@@ -84,24 +86,26 @@ class DecodeLoop {
       : s_(s), g_(s.geo), ex_(ex), caches_(caches), ops_{s.gpu, ex.stream()},
         d_lens_(s.gpu, sizeof(int32_t) * s.opt.batch),
         d_tables_(s.gpu, sizeof(int32_t) * s.opt.batch * s.geo.width),
-        d_slots_(s.gpu, sizeof(int64_t) * s.opt.batch),
+        d_slots_(s.gpu, sizeof(int64_t) * s.opt.batch * s.opt.q_lens.back()),
         // The executor's workspace covers every plan of the run's batch bucket, and every kMeasured candidate.
         workspace_(s.gpu, ex.memory().workspace),
         lens_(s.gpu, s.opt.batch),
         tables_(s.gpu, static_cast<std::size_t>(s.opt.batch) * s.geo.width),
-        slots_(s.gpu, s.opt.batch),
+        slots_(s.gpu, static_cast<std::size_t>(s.opt.batch) * s.opt.q_lens.back()),
         host_graph_out_(s.geo.max_qo_elems * s.geo.esize),
         host_eager_out_(s.geo.max_qo_elems * s.geo.esize),
         tol_(tolerance_for(s.spec.dtype)),
         rng_(s.opt.seed),
+        // Its own generator, so that a plain loop (n = 1 only: no draws) shuffles its blocks as before.
+        verify_rng_(s.opt.seed * 0x9E3779B97F4A7C15ull + 18),
         progress_(s.opt.progress, static_cast<long>(s.segments.size()) * s.opt.steps) {}
 
   LoopResults run() {
     const auto run_start = Clock::now();
     for (std::size_t si = 0; si < s_.segments.size(); ++si) {
       start_segment(s_.segments[si]);
-      int last_band = -1;
-      for (int st = 0; st < s_.opt.steps; ++st) last_band = step(si, st, last_band);
+      std::set<std::pair<int, int>> checked;  // (band, n) checked against the reference in this segment
+      for (int st = 0; st < s_.opt.steps; ++st) step(si, st, checked);
     }
     progress_.finish();
     res_.run_s = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -119,51 +123,82 @@ class DecodeLoop {
     std::shuffle(free_blocks_.begin(), free_blocks_.end(), rng_);
     next_free_ = 0;
     allocated_.assign(static_cast<std::size_t>(batch()), 0);
+    committed_.assign(static_cast<std::size_t>(batch()), 0);
     std::fill(tables_.data(), tables_.data() + tables_.size(), 0);
     const int bs = s_.spec.block_size;
     for (int i = 0; i < batch(); ++i) {
-      lens_[i] = seg.start[i];
+      committed_[i] = seg.start[i];
       const int need = (seg.start[i] + bs - 1) / bs;
       for (int b = 0; b < need; ++b) table(i, b) = free_blocks_[next_free_++];
       allocated_[i] = need;
     }
   }
 
-  /// Grows every sequence by one token; a token that starts a block gets a new block. Returns the
-  /// longest length.
-  int grow() {
+  /// The step's n: the only q_len, or one of the list at random (a verify loop drafts n - 1 tokens).
+  int pick_q_len() {
+    const std::vector<int>& q = s_.opt.q_lens;
+    return q.size() == 1 ? q.front() : q[verify_rng_() % q.size()];
+  }
+
+  /// Appends n tokens to every sequence, at positions committed .. committed + n - 1 (the last
+  /// verified token and n - 1 drafts), allocating a block where a token starts one; row i's n slots
+  /// go into slot_mapping [batch, n]. Returns the longest length.
+  int grow(int n) {
     const int bs = s_.spec.block_size;
     int max_len = 0;
     for (int i = 0; i < batch(); ++i) {
-      const int pos = lens_[i];
-      const int blk = pos / bs;
-      if (blk >= allocated_[i]) {
-        table(i, blk) = free_blocks_[next_free_++];
-        allocated_[i] = blk + 1;
+      for (int j = 0; j < n; ++j) {
+        const int pos = committed_[i] + j;
+        const int blk = pos / bs;
+        if (blk >= allocated_[i]) {
+          table(i, blk) = free_blocks_[next_free_++];
+          allocated_[i] = blk + 1;
+        }
+        slots_[static_cast<std::size_t>(i) * n + j] = static_cast<int64_t>(table(i, blk)) * bs + pos % bs;
       }
-      slots_[i] = static_cast<int64_t>(table(i, blk)) * bs + pos % bs;
-      lens_[i] = pos + 1;
-      max_len = std::max(max_len, pos + 1);
+      lens_[i] = committed_[i] + n;
+      max_len = std::max(max_len, lens_[i]);
     }
     return max_len;
   }
 
-  /// One step; returns its band.
-  int step(std::size_t si, int st, int last_band) {
-    const int max_len = grow();
+  /// Verification: each sequence accepts a random 0..n-1 of its drafts and commits them and the token
+  /// after them (n = 1: that one token). The rejected drafts' slots are written again next step, as an
+  /// engine does. Returns the tokens generated.
+  long long accept(int n) {
+    long long tokens = 0;
+    for (int i = 0; i < batch(); ++i) {
+      const int accepted = n == 1 ? 0 : static_cast<int>(verify_rng_() % static_cast<unsigned>(n));
+      committed_[i] += accepted + 1;
+      tokens += accepted + 1;
+    }
+    return tokens;
+  }
+
+  /// One step.
+  void step(std::size_t si, int st, std::set<std::pair<int, int>>& checked) {
+    const int n = pick_q_len();
+    const int max_len = grow(n);
+    const std::size_t rows = static_cast<std::size_t>(batch()) * n;
     // This step's q and new K/V (what the model's projections would produce), random per step.
     const std::uint64_t step_seed = s_.opt.seed * 7919 + si * 100003 + static_cast<std::uint64_t>(st) * 31;
     for (int l = 0; l < s_.opt.layers; ++l) {
       const LayerSizes& z = g_.layer[l];
-      ops_.fill(s_.spec.dtype, ex_.query(l), z.qo_elems, step_seed + 3 * l);
-      ops_.fill(s_.spec.dtype, ex_.new_key(l), z.kv_row_elems, step_seed + 3 * l + 1);
-      ops_.fill(s_.spec.dtype, ex_.new_value(l), z.kv_row_elems, step_seed + 3 * l + 2);
+      ops_.fill(s_.spec.dtype, ex_.query(l), z.qo_step(rows), step_seed + 3 * l);
+      ops_.fill(s_.spec.dtype, ex_.new_key(l), z.kv_step(rows), step_seed + 3 * l + 1);
+      ops_.fill(s_.spec.dtype, ex_.new_value(l), z.kv_step(rows), step_seed + 3 * l + 2);
     }
     ops_.sync();
 
     double graph_us = 0;
-    const dg::StepResult r = graph_step(graph_us);
+    const dg::StepResult r = graph_step(n, graph_us);
     if (r.captured || r.measured) res_.capture_wall_ms += graph_us / 1000.0;
+    // Host backend: the graph's appends, before eager appends the same again.
+    if (s_.opt.check && !s_.gpu)
+      for (int l = 0; l < s_.opt.layers; ++l)
+        check_appended(s_.layer_specs[l], caches_.k[l].get(), caches_.v[l].get(), caches_.k_scale_of(l),
+                       caches_.v_scale_of(l), ex_.new_key(l), ex_.new_value(l), lens_.data(), tables_.data(), g_.width,
+                       batch(), n, fmt::format("segment {} step {} layer {}", si, st, l), res_.check);
     const double eager_us = eager_step(r, max_len);
 
     StepRecord rec = record(si, st, r, max_len);
@@ -171,21 +206,22 @@ class DecodeLoop {
     rec.graph_us = graph_us;
     if (s_.opt.check) {
       check_outputs(rec, r, si, st);
-      // Host backend: also against the float64 reference, on each segment's first step and at every
-      // band change (cheap enough there; on GPU the test suites do this).
-      if (!s_.gpu && (st == 0 || r.band != last_band))
-        check_reference(reference_args(max_len), ex_.output(0), g_.layer[0].qo_elems, tol_, res_.check);
+      // Host backend: also against the float64 reference, every row of every sequence, at the first
+      // step of each (band, n) of a segment (cheap enough there; on GPU the test suites do this).
+      if (!s_.gpu && checked.insert({r.band, n}).second)
+        check_reference(reference_args(max_len, n), ex_.output(0), g_.layer[0].qo_step(rows), tol_, res_.check);
     }
+    rec.tokens = accept(n);
     res_.recs.push_back(rec);
     progress_.update(static_cast<long>(res_.recs.size()),
                      fmt::format("len {} {}", max_len, dg::to_string(r.kernel)));
-    return r.band;
   }
 
   /// Graph: validate, bucket, stage, replay (capture first when the bucket is new).
-  dg::StepResult graph_step(double& us) {
+  dg::StepResult graph_step(int n, double& us) {
     dg::StepInputs in;
     in.num_seqs = batch();
+    in.q_len = n;
     in.seq_lens = lens_.data();
     in.block_tables = tables_.data();
     in.block_table_stride = g_.width;
@@ -200,7 +236,7 @@ class DecodeLoop {
 
   /// Layer l's plan in the step: its layer group's (the band is known on the host: host inputs).
   const dg::BucketPlan& layer_plan(int l, const dg::StepResult& r) const {
-    return ex_.plan_for(ex_.layer_group(l), r.bucket, r.band);
+    return ex_.plan_for(ex_.layer_group(l), r.bucket, r.band, r.q_len);
   }
 
   /// Eager: the same work launched call by call, with each layer's plan's kernel and partition
@@ -209,7 +245,7 @@ class DecodeLoop {
     const auto t0 = Clock::now();
     ops_.to_device_async(d_lens_.get(), lens_.data(), sizeof(int32_t) * batch());
     ops_.to_device_async(d_tables_.get(), tables_.data(), sizeof(int32_t) * batch() * g_.width);
-    ops_.to_device_async(d_slots_.get(), slots_.data(), sizeof(int64_t) * batch());
+    ops_.to_device_async(d_slots_.get(), slots_.data(), sizeof(int64_t) * batch() * r.q_len);
     for (int l = 0; l < s_.opt.layers; ++l) eager_layer(l, r, max_len);
     ops_.sync();
     return us_since(t0);
@@ -219,7 +255,7 @@ class DecodeLoop {
     const dg::BucketPlan& plan = layer_plan(l, r);
     dg::AppendArgs ap;
     ap.spec = s_.layer_specs[l];
-    ap.num_tokens = batch();
+    ap.num_tokens = batch() * r.q_len;  // [batch, n] tokens, row s * n + j
     ap.num_blocks = g_.num_blocks;
     ap.key = ex_.new_key(l);
     ap.value = ex_.new_value(l);
@@ -229,7 +265,7 @@ class DecodeLoop {
     ap.k_scale = caches_.k_scale_of(l);
     ap.v_scale = caches_.v_scale_of(l);
     // max_len: what an eager caller knows; the graph uses its band's upper edge.
-    dg::DecodeArgs a = decode_args(l, max_len, caches_.eager_out[l].get(),
+    dg::DecodeArgs a = decode_args(l, max_len, r.q_len, caches_.eager_out[l].get(),
                                    static_cast<const int32_t*>(d_tables_.get()),
                                    static_cast<const int32_t*>(d_lens_.get()));
     a.host_seq_lens = lens_.data();
@@ -246,10 +282,11 @@ class DecodeLoop {
   }
 
   /// Layer `l`'s attention over the step's lengths and block tables (in the memory space given).
-  dg::DecodeArgs decode_args(int l, int max_len, void* out, const int32_t* tables, const int32_t* lens) {
+  dg::DecodeArgs decode_args(int l, int max_len, int n, void* out, const int32_t* tables, const int32_t* lens) {
     dg::DecodeArgs a;
     a.spec = s_.layer_specs[l];
     a.num_seqs = batch();
+    a.q_len = n;
     a.max_seq_len = max_len;
     a.block_table_stride = g_.width;
     a.num_blocks = g_.num_blocks;
@@ -267,8 +304,8 @@ class DecodeLoop {
 
   /// Layer 0 on the host inputs, for the float64 reference (out: validated as an argument; the
   /// reference writes only its own result).
-  dg::DecodeArgs reference_args(int max_len) {
-    return decode_args(0, max_len, ex_.output(0), tables_.data(), lens_.data());
+  dg::DecodeArgs reference_args(int max_len, int n) {
+    return decode_args(0, max_len, n, ex_.output(0), tables_.data(), lens_.data());
   }
 
   StepRecord record(std::size_t si, int st, const dg::StepResult& r, int max_len) {
@@ -282,11 +319,15 @@ class DecodeLoop {
     rec.captured = r.captured;
     rec.measured = r.measured;
     rec.graph_id = r.graph_id;
+    rec.q_len = r.q_len;
     rec.max_len = max_len;
     rec.bytes = 0;  // the bytes model, summed over layers: each its own spec and plan
     for (int l = 0; l < s_.opt.layers; ++l) {
       const dg::BucketPlan& p = layer_plan(l, r);
-      rec.bytes += dgbench::attention_bytes(s_.layer_specs[l], lens_.data(), batch(), p.kernel, p.partition_size);
+      rec.bytes += dgbench::attention_bytes(s_.layer_specs[l], lens_.data(), batch(), p.kernel, p.partition_size,
+                                            r.q_len);
+      rec.kv_bytes += dgbench::attention_kv_bytes(s_.layer_specs[l], lens_.data(), batch(), r.q_len);
+      rec.kv_bytes_n1 += dgbench::attention_kv_bytes(s_.layer_specs[l], lens_.data(), batch(), 1);
     }
     for (const auto& p : ex_.plans())
       if (p.band == r.band) rec.band_lo = p.band_lo;
@@ -297,7 +338,9 @@ class DecodeLoop {
   /// host backend.
   void check_outputs(StepRecord& rec, const dg::StepResult& r, std::size_t si, int st) {
     for (int l = 0; l < s_.opt.layers; ++l) {
-      const std::size_t elems = g_.layer[l].qo_elems, bytes = elems * g_.esize;
+      // Every row of the step: [batch, n].
+      const std::size_t elems = g_.layer[l].qo_step(static_cast<std::size_t>(batch()) * r.q_len);
+      const std::size_t bytes = elems * g_.esize;
       ops_.to_host(host_graph_out_.data(), ex_.output(l), bytes);
       ops_.to_host(host_eager_out_.data(), caches_.eager_out[l].get(), bytes);
       const OutputDiff d =
@@ -323,11 +366,13 @@ class DecodeLoop {
   std::vector<unsigned char> host_graph_out_, host_eager_out_;
   const Tolerance tol_;
   std::mt19937_64 rng_;
+  std::mt19937_64 verify_rng_;  // each step's n and each sequence's accepted drafts
   Progress progress_;
   // The segment's block allocation.
   std::vector<int32_t> free_blocks_;
   std::size_t next_free_ = 0;
   std::vector<int> allocated_;
+  std::vector<int> committed_;  // tokens verified so far, per sequence: the next step's first position
   LoopResults res_;
 };
 

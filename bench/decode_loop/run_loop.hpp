@@ -1,5 +1,5 @@
 // The decode loop itself: the caches, then segment by segment, step by step, every sequence grows by
-// one token, the step replays through the Executor and runs again eagerly on the same inputs, both
+// one token (a verify loop: brings n, keeps 1..n), the step replays through the Executor and runs again eagerly on the same inputs, both
 // timed, and the outputs are checked against each other (and against the float64 reference on the
 // host backend).
 #pragma once

@@ -1,6 +1,7 @@
 #include "setup.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -70,13 +71,16 @@ struct Reach {
   long long max_blocks = 0;
 };
 
-Reach reach_of(const std::vector<Segment>& segments, int steps, int block_size) {
+/// A step of n tokens reaches committed + n and commits at most n, so `steps` steps of at most
+/// `max_q_len` reach start + steps x max_q_len at most (every draft accepted).
+Reach reach_of(const std::vector<Segment>& segments, int steps, int max_q_len, int block_size) {
   Reach r;
+  const int grow = steps * max_q_len;
   for (const auto& s : segments) {
     long long blocks = 0;
     for (int len : s.start) {
-      r.longest = std::max(r.longest, len + steps);
-      blocks += (len + steps + block_size - 1) / block_size;
+      r.longest = std::max(r.longest, len + grow);
+      blocks += (len + grow + block_size - 1) / block_size;
     }
     r.max_blocks = std::max(r.max_blocks, blocks);
   }
@@ -92,8 +96,11 @@ Geometry geometry_of(const Setup& s, long long max_blocks) {
     LayerSizes l;
     l.cache_elems = static_cast<std::size_t>(g.num_blocks) * spec.block_elems();
     l.kv_esize = spec.kv_elem_size();
-    l.qo_elems = static_cast<std::size_t>(s.opt.batch) * spec.num_q_heads * spec.head_size;
-    l.kv_row_elems = static_cast<std::size_t>(s.opt.batch) * spec.num_kv_heads * spec.head_size;
+    l.qo_row = static_cast<std::size_t>(spec.num_q_heads) * spec.head_size;
+    l.kv_row = static_cast<std::size_t>(spec.num_kv_heads) * spec.head_size;
+    const std::size_t rows = static_cast<std::size_t>(s.opt.batch) * s.opt.q_lens.back();  // ascending
+    l.qo_elems = l.qo_step(rows);
+    l.kv_row_elems = l.kv_step(rows);
     g.max_qo_elems = std::max(g.max_qo_elems, l.qo_elems);
     g.cache_bytes_all += l.cache_elems * l.kv_esize;
     g.layer.push_back(l);
@@ -110,6 +117,7 @@ dg::ExecutorConfig planning_config(const Setup& s) {
   if (std::any_of(s.layer_specs.begin(), s.layer_specs.end(), [&](const dg::AttentionSpec& l) { return !(l == s.spec); }))
     cfg.layer_specs = s.layer_specs;
   cfg.max_batch = o.batch;
+  cfg.q_lens = o.q_lens;
   cfg.max_seq_len = o.max_seq_len;
   cfg.v2_threshold = o.threshold;
   cfg.partition_size = o.partition == "auto" ? 0 : std::stoi(o.partition);  // checked by CLI11
@@ -146,6 +154,13 @@ std::vector<Segment> parse_segments(const std::string& text, int batch) {
   }
   if (segs.empty()) usage_error("--start-lens is empty");
   return segs;
+}
+
+std::string verify_loop_line(const std::vector<int>& q_lens) {
+  return fmt::format("verify loop (speculative decoding): each step every sequence brings n = {} query tokens (the "
+                     "last verified one and n - 1 drafts){}; each sequence accepts a random 0..n-1 drafts, so its "
+                     "length grows by 1..n; graphs per (n, batch bucket)\n",
+                     fmt::join(q_lens, " or "), q_lens.size() > 1 ? ", n picked at random under --seed" : "");
 }
 
 std::string model_source(const std::string& option, bool gpu) {
@@ -187,7 +202,7 @@ Setup resolve(Options opt) {
   def("--band-select", o.band_select);
 
   s.segments = parse_segments(o.start_lens, o.batch);
-  const Reach reach = reach_of(s.segments, o.steps, s.spec.block_size);
+  const Reach reach = reach_of(s.segments, o.steps, o.q_lens.back(), s.spec.block_size);
   if (!o.max_seq_len) {
     o.max_seq_len = 1024;
     while (o.max_seq_len < reach.longest) o.max_seq_len *= 2;

@@ -21,11 +21,17 @@ struct Segment {
 std::vector<Segment> parse_segments(const std::string& text, int batch);
 
 /// One layer's sizes, from its own spec.
+/// A step of n query tokens per sequence uses batch x n rows of q, out and new K/V (row s * n + j).
 struct LayerSizes {
   std::size_t cache_elems = 0;   // its K (or V) cache
   std::size_t kv_esize = 0;      // bytes of one element of its KV cache (1 for fp8)
-  std::size_t qo_elems = 0;      // its q (or out): batch x q heads x head size
-  std::size_t kv_row_elems = 0;  // its new K (or V): batch x kv heads x head size
+  std::size_t qo_row = 0;        // one row of q (or out): q heads x head size
+  std::size_t kv_row = 0;        // one row of new K (or V): kv heads x head size
+  std::size_t qo_elems = 0;      // its q (or out) buffer: batch x the largest n rows
+  std::size_t kv_row_elems = 0;  // its new K (or V) buffer: batch x the largest n rows
+  /// Elements of a step of `rows` = batch x n rows.
+  std::size_t qo_step(std::size_t rows) const { return rows * qo_row; }
+  std::size_t kv_step(std::size_t rows) const { return rows * kv_row; }
 };
 
 /// Sizes every part of the run shares.
@@ -55,6 +61,9 @@ struct Setup {
 
 /// Resolves the command line; throws UsageError (or dg::Error for a bad shape).
 Setup resolve(Options opt);
+
+/// The verify loop's line of the run's header and of --plan-only: the q_lens and what a step does.
+std::string verify_loop_line(const std::vector<int>& q_lens);
 
 /// Where the device model's numbers came from, for the output.
 std::string model_source(const std::string& option, bool gpu);

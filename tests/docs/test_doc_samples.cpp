@@ -53,8 +53,9 @@ std::vector<Sample> samples_in(const std::string& path) {
 
 /// Timing fields -> "#", then runs of spaces -> one, trailing spaces dropped.
 std::string masked(const std::string& line) {
-  static const std::regex band_row(R"(^\(\d+, \d+\]\s+v[12]\s)");           // per-band table
-  static const std::regex graph_row(R"(^\d+\s+\d+\s+\(\d+, \d+\]\s)");      // captured graphs
+  // The per-band and captured-graph tables have an n column in a verify loop (--q-len, --q-lens).
+  static const std::regex band_row(R"(^\(\d+, \d+\]\s+(\d+\s+)?v[12]\s)");       // per-band table
+  static const std::regex graph_row(R"(^\d+\s+\d+\s+(\d+\s+)?\(\d+, \d+\]\s)");  // captured graphs
   static const std::regex cost_row(R"(^(host|device)\s+\d+\s+\d+\s+\d+\s)");  // capture cost, both modes
   static const std::regex number(R"(\d+\.\d+)");
   static const std::regex spaces(" +");
@@ -148,6 +149,14 @@ TEST(DocSamples, TheMatcherCatchesADifference) {
   EXPECT_EQ(first_unmatched({"a", "(0, 512] v2 128 32 (31) 1.0 2.0 1.00x 9.9 n/a"}, got), 1) << "P differs";
   EXPECT_EQ(first_unmatched({"a", "...", "c 18 slots; ..."}, got), 2) << "a count differs";
   EXPECT_EQ(first_unmatched({"b"}, got), 0) << "lines must be in order, no skipping without ...";
+  // A verify loop's rows (an n column) are masked too, and their other fields still compared.
+  const std::vector<std::string> n_rows = {masked("(512, 1024]  4  v2   64  12  2418.4  4825.7  2432.7  4777.8  0.99x  1.4  n/a  n/a"),
+                                           masked("5  4  4  (0, 2048]  3  switch, 3 branches  1  14  18  0.01  0.00  0.00")};
+  EXPECT_EQ(first_unmatched({"(512, 1024] 4 v2 64 12 1.0 2.0 3.0 4.0 1.00x 9.9 n/a n/a",
+                             "5 4 4 (0, 2048] 3 switch, 3 branches 1 14 18 9.99 9.99 9.99"},
+                            n_rows),
+            -1);
+  EXPECT_EQ(first_unmatched({"(512, 1024] 1 v2 64 12 1.0 2.0 3.0 4.0 1.00x 9.9 n/a n/a"}, n_rows), 0) << "n differs";
 }
 
 }  // namespace
