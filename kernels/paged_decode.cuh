@@ -122,16 +122,19 @@ struct TileLoader {
     return (b << bs_log2) < end ? __ldg(table + b) : 0;
   }
 
-  /// A block id clamped to [0, num_blocks). A clamped id's table index (within sequence seq's row)
-  /// + 1 is published at once (report_bad_block; the first writer wins, and a thread meets its
-  /// entries in order): no per-thread record stays live across the main loop, where the kernels
-  /// at their register caps have no register to spare.
-  __device__ __forceinline__ static int32_t clamp_id(const DecodeParams& p, int32_t id, int index, int seq) {
-    if (id < 0 || id >= p.num_blocks) {
-      report_bad_block(p, seq, index + 1);
-      id = id < 0 ? 0 : p.num_blocks - 1;
-    }
-    return id;
+  /// Per-thread record of a clamped id: its table index (within the sequence's row) + 1, 0 for
+  /// none; published after the main loop (report_bad_block). Shared memory, not a register: the
+  /// kernels at their register caps have none to spare, and an atomic inside the loop cost a
+  /// divergent branch per tile. Each thread writes and reads only its own entry (no barrier).
+  __device__ __forceinline__ static int* bad_table() {
+    __shared__ int table[P::kMaxSegments];
+    return table;
+  }
+  /// A block id clamped to [0, num_blocks); a clamped one is recorded in bad_table (predicated,
+  /// branch-free; a thread's last one stays).
+  __device__ __forceinline__ static int32_t clamp_id(const DecodeParams& p, int32_t id, int index) {
+    if (static_cast<uint32_t>(id) >= static_cast<uint32_t>(p.num_blocks)) bad_table()[threadIdx.x] = index + 1;
+    return id < 0 ? 0 : id < p.num_blocks ? id : p.num_blocks - 1;
   }
   /// Table index of segment s of the tile at tile_start.
   __device__ __forceinline__ int segment_index(int tile_start, int s) const { return (tile_start >> bs_log2) + s; }
@@ -342,8 +345,8 @@ struct CudaCoreMath {
   }
 
   /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state;
-  /// tokens before `lo` (the window) and, kMasked (the partition's last tile), at or past `end`
-  /// weigh 0. sk / sv: shared addresses of the stage's K and V
+  /// tokens outside the row's window or after its query and, kMasked (the partition's last tile),
+  /// at or past `end` weigh 0. sk / sv: shared addresses of the stage's K and V
   /// parts (kStageAlign-aligned).
   template <bool kMasked>
   __device__ __forceinline__ void consume(const DecodeParams& p, dev::SmemAddr sk, dev::SmemAddr sv, int tile_start, int end) {
@@ -581,10 +584,12 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 
   // Prologue: segment offsets of tiles 0 .. S-1, then tiles 0 .. S-2 in flight (one group each,
   // empty groups included, so that group counting is the same for every thread and length).
+  using Loader = TileLoader<KV, D, kLayout, P>;
   if (tid < nseg) {
+    Loader::bad_table()[tid] = 0;
     for (int t = 0; t < S && t < ntiles; ++t) {
       const int ts = start + t * NTOK;
-      s_seg[(t % S) * NSEG + tid] = loader.clamp_id(p, loader.load_id(table, ts, end, tid), loader.segment_index(ts, tid), seq);
+      s_seg[(t % S) * NSEG + tid] = loader.clamp_id(p, loader.load_id(table, ts, end, tid), loader.segment_index(ts, tid));
     }
   }
   __syncthreads();
@@ -622,7 +627,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
       dev::cp_async_commit();
       if (active) math.accumulate(dev::smem_addr(stage_v(t)));
     }
-    if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.clamp_id(p, id, loader.segment_index(start + tf * NTOK, tid), seq);
+    if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.clamp_id(p, id, loader.segment_index(start + tf * NTOK, tid));
   };
   if constexpr (M::kSplitTile) {
     dev::cp_async_wait<S - 2>();  // tile 0
@@ -633,6 +638,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   // lead step cost registers (spills) and code for less than that.
   for (int t = 0; t < ntiles - 1; ++t) step(t, std::false_type{});
   step(ntiles - 1, std::true_type{});
+  if (tid < nseg) Loader::report_bad_block(p, seq, Loader::bad_table()[tid]);
 
   if (!active) return;  // no barrier below
   math.finish(p);

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -56,6 +57,13 @@ FP8_DTYPES = ("fp8e4m3", "fp8e5m2")
 # A logit soft-cap's run-time path (issue 17): the capped main loop at most 10 % above the uncapped
 # path of the same instantiation (softcap_blocks).
 GUARD_MAX_SOFTCAP_RATIO = 1.10
+# q_len 1 must not get dearer for q_len > 1 (issue 18): against the report from before q_len rows
+# (after-variants.json), each q_len 1 pass-1 instantiation's uncapped instr/KV byte at most 7 % above
+# its own figure there, the median at most 1 % (head 80 tensor-core kernels sit near +6 %; see
+# bench/results/static/after-qlen-n1.md). Only for the project's own kernels (not --source-root).
+GUARD_Q1_BASELINE = ROOT / "bench/results/static/after-variants.json"
+GUARD_MAX_Q1_GROWTH = 1.07
+GUARD_MAX_Q1_MEDIAN_GROWTH = 1.01
 DEFINES: list[str] = []  # --define NAME[=VALUE]: extra -D for nvcc and the probe (variants, e.g. the rounded P.V weights)
 MIX_KEYS = ["ldgsts", "ldg", "sts16", "sts32", "sts64", "sts128", "lds", "shfl", "hmma", "bar"]
 
@@ -854,6 +862,23 @@ def guard(rows: list[Row], groups: list[str] | None = None) -> list[str]:
         fails.append("[q_len 4] no pass-1 launch for bf16, head 128, q_len 4 at groups 1 and 4 was found "
                      "(run with --groups ...,1x4,4x4)")
     within("q_len 4", n4, GUARD_MAX_INSTR_PER_BYTE)
+    if SRC == ROOT and GUARD_Q1_BASELINE.exists():
+        base = {(k["kernel"], k["group"]): k.get("warp_instr_per_kv_byte_nocap")
+                for k in json.loads(GUARD_Q1_BASELINE.read_text())["kernels"] if k.get("q_len", 1) == 1}
+        ratios = []
+        for r in rows:
+            b = base.get((r.kernel, r.group))
+            if r.family != "pass1" or r.q_len != 1 or not b or not r.per_byte_nocap:
+                continue
+            ratios.append(r.per_byte_nocap / b)
+            if r.per_byte_nocap > GUARD_MAX_Q1_GROWTH * b:
+                fail(f"[q_len 1 baseline] {r.kernel} (group {r.group}): {r.per_byte_nocap:.3f} warp-instructions per KV "
+                     f"byte, {b:.3f} in {GUARD_Q1_BASELINE.name}; allowed: at most {GUARD_MAX_Q1_GROWTH:.2f}x")
+        if not ratios:
+            fails.append(f"[q_len 1 baseline] no q_len 1 pass-1 launch matches {GUARD_Q1_BASELINE.name}")
+        elif statistics.median(ratios) > GUARD_MAX_Q1_MEDIAN_GROWTH:
+            fails.append(f"[q_len 1 baseline] median {statistics.median(ratios):.3f}x {GUARD_Q1_BASELINE.name} over "
+                         f"{len(ratios)} launches; allowed: at most {GUARD_MAX_Q1_MEDIAN_GROWTH:.2f}x")
     return fails
 
 
@@ -948,7 +973,8 @@ def main() -> int:
         print("\nguard: passed (no spills, no local memory, no 2-byte STS in pass-1 main loops, "
               f"bf16/128/GQA-4 at most {GUARD_MAX_INSTR_PER_BYTE:.2f} and fp8/128/GQA-4 at most "
               f"{GUARD_MAX_FP8_INSTR_PER_BYTE:.2f} warp-instr per KV byte, soft-cap path at most "
-              f"{GUARD_MAX_SOFTCAP_RATIO:.2f}x the uncapped one)")
+              f"{GUARD_MAX_SOFTCAP_RATIO:.2f}x the uncapped one, q_len 1 at most {GUARD_MAX_Q1_GROWTH:.2f}x "
+              f"each and {GUARD_MAX_Q1_MEDIAN_GROWTH:.2f}x in the median of {GUARD_Q1_BASELINE.name})")
     return 0
 
 

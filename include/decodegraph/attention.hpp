@@ -84,8 +84,9 @@ struct DecodeArgs {
 
   /// Optional device int (CUDA launchers only; host:: and reference:: check ids and throw instead).
   /// The kernels clamp every block id they read to [0, num_blocks), so a bad id never reads outside
-  /// the cache; when this is non-null, they also record one: the first bad entry seen stores
-  /// (seq * block_table_stride + index) + 1 here (atomicCAS from 0; clamped to INT_MAX), so the
+  /// the cache; when this is non-null, they also record one: a bad entry (with several, whichever is
+  /// published first) stores (seq * block_table_stride + index) + 1 here (atomicCAS from 0; clamped
+  /// to INT_MAX), so the
   /// caller can find the entry. The caller zeroes it and reads it after the launch; a non-zero value
   /// means that output rows computed from a bad id are wrong (they used a clamped block instead).
   int* bad_block = nullptr;

@@ -1364,8 +1364,9 @@ TEST(GpuKernels, SoftcapOnLargeLogits) {
 // ---------------------------------------------------------------- q_len rows (issue 18)
 
 // n query rows per sequence (speculative decoding's verify step): row j of a sequence of L tokens
-// attends t <= L - n + j. n in {1, 2, 3, 4, 5, 8} at lengths n, n + 1, 127 and past a partition
-// (8192 + n), with a second sequence. The rows choose the math (n x next_pow2(group) rows: groups
+// attends t <= L - n + j. n in {1, 2, 3, 4, 5, 8} at lengths n, n + 1, 127, 128 + n / 2 (from n 3
+// the positions after row 0's query straddle a tile and a V2 partition boundary at 128, so the
+// masked tail is two tiles) and past a partition (8192 + n), with a second sequence. The rows choose the math (n x next_pow2(group) rows: groups
 // 1 and 2 reach the tensor cores from n = 4 and 2 on; fp32 stays on the CUDA cores), both layouts,
 // V1 and V2 (P 32: many partitions, a last one that only some rows reach). Every third case adds a
 // 64-token window (the rows' windows end at different positions), sinks, a soft-cap and ALiBi.
@@ -1374,7 +1375,7 @@ TEST(GpuKernels, QueryRowsMatchTheReference) {
   DG_REQUIRE_GPU();
   int i = 0;
   for (int n : {1, 2, 3, 4, 5, 8})
-    for (int L : {n, n + 1, 127, 8192 + n}) {
+    for (int L : {n, n + 1, 127, 128 + n / 2, 8192 + n}) {
       ProblemSpec ps;
       const int groups[] = {1, 2, 4, 8, 3};
       const int g = groups[i % 5];
