@@ -5,6 +5,8 @@ bad input."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -288,6 +290,23 @@ def test_verify_loop_k3(rng, dtype, band_select):
         seen.add((n, r.kernel))
         committed = committed + 1 + (rng.integers(0, 4, size=5) if n == 4 else 0)
     assert {n for n, _ in seen} == {1, 4}
+
+
+@pytest.mark.parametrize("window", [5, 40])
+def test_executor_window_alibi_softcap_sinks(rng, window):
+    # Blocks wholly before what row 0 of the longest step reads are freed (NaN, table entry -1).
+    lens = [8, 8 + window, 2 * window + 9, 300]
+    p = make_problem(rng, dtype="bf16", hq=8, hkv=2, d=64, bs=BS, lens=lens, spare_blocks=0)
+    free_before_window(p, 8, window)
+    spec = dataclasses.replace(p.spec, sliding_window=window, logit_softcap=5.0)
+    sinks = rng.uniform(-1.0, 4.0, size=8).astype(np.float32)
+    slopes = rng.uniform(0.01, 0.3, size=8).astype(np.float32)
+    layers = [dg.LayerBuffers(p.k_cache.copy(), p.v_cache.copy(), sinks=sinks)]
+    ex = dg.Executor(spec=spec, layers=layers, max_batch=4, max_seq_len=int(p.block_tables.shape[1]) * BS,
+                     q_lens=[1, 3, 8], alibi_slopes=slopes, backend="host")
+    loop = SpecLoop(ex, p, rng, window=window, softcap=5.0, sinks=sinks, alibi=slopes)
+    for n in (8, 1, 3):
+        loop.step(lens, p.block_tables, n)
 
 
 def test_skipped_slots_and_staging_buffers(rng):
