@@ -20,6 +20,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 
 from . import _core
 from ._core import BackendKind, BandSelect, DType
+from ._errors import InvalidArgument
 from ._types import (
     AttentionSpec,
     BucketPlan,
@@ -129,19 +130,26 @@ class Executor:
         *,
         stream: Any = None,
         max_seq_len: Optional[int] = None,
+        q_len: int = 1,
     ) -> StepResult:
         """Validates, buckets, stages and replays one decode step.
 
         Args:
-            seq_lens: int32 [num_seqs], each sequence's tokens including the one appended this step.
+            seq_lens: int32 [num_seqs], each sequence's tokens including the ``q_len`` appended this
+                step (so each at least ``q_len``).
             block_tables: int32 [num_seqs, block_table_stride], contiguous.
-            slot_mapping: int64 [num_seqs], the slot of position seq_len - 1 (negative: skip the
-                append). Required unless ``append_kv=False``.
+            slot_mapping: int64 [num_seqs, q_len]: entry (i, j) is the slot of position
+                seq_len - q_len + j (negative: skip that token's append); [num_seqs] also when
+                ``q_len`` is 1. Required unless ``append_kv=False``.
             stream: CUDA backend: an int cudaStream_t or a torch.cuda.Stream to stage and replay on,
                 in order with your work there; None runs on the executor's own :attr:`stream`.
                 Ignored by the host backend.
             max_seq_len: optional bound on this step's lengths; with device-resident inputs it
                 spares step() reading them back.
+            q_len: query tokens per sequence (speculative decoding: 1 + drafts), one of
+                :attr:`q_lens`. Rows [num_seqs, q_len] of q, out and new K/V are used
+                (``query(l, q_len)`` & co.); row j of a sequence of L tokens sits at position
+                L - q_len + j and attends positions <= L - q_len + j.
 
         Inputs on the host (numpy) or, on the CUDA backend, on the device (torch CUDA tensors).
         The host backend runs the step before returning; CUDA enqueues it on the stream.
@@ -152,7 +160,7 @@ class Executor:
             InvalidArgument: bad input; nothing ran and the executor is unchanged.
         """
         d = self._core.step(
-            seq_lens, block_tables, slot_mapping, stream=stream, max_seq_len=max_seq_len or 0
+            seq_lens, block_tables, slot_mapping, stream=stream, max_seq_len=max_seq_len or 0, q_len=q_len
         )
         return StepResult(**d)
 
@@ -179,37 +187,49 @@ class Executor:
 
     # ------------------------------------------------------------------ buffers (zero-copy views)
 
-    def _view(self, layer: int, which: int, given: Any) -> Array:
-        if given is not None:
+    def _view(self, layer: int, which: int, given: Any, q_len: Optional[int]) -> Array:
+        core = (self._core.query, self._core.output, self._core.new_key, self._core.new_value)[which]
+        v = core(layer, q_len)  # checks layer and q_len, also for a caller buffer
+        if given is None:
+            return _as_array(v, self._config.spec.dtype, self.backend)
+        if q_len is None:
             return given
-        v = self._core.query(layer) if which == 0 else self._core.output(layer) if which == 1 else (
-            self._core.new_key(layer) if which == 2 else self._core.new_value(layer))
-        return _as_array(v, self._config.spec.dtype, self.backend)
+        # A caller buffer [rows, heads, head_size] or [rows, heads * head_size]: its first
+        # max_batch * q_len rows as [max_batch, q_len, heads, head_size] (a view where the array
+        # type reshapes without copying: numpy, torch).
+        s = self.layer_spec(layer)
+        heads = s.num_q_heads if which < 2 else s.num_kv_heads
+        mb = self._config.max_batch
+        return given[: mb * q_len].reshape(mb, q_len, heads, s.head_size)
 
     def _given(self, layer: int, name: str) -> Any:
         if 0 <= layer < len(self._layers):
             return getattr(self._layers[layer], name)
         return None
 
-    def query(self, layer: int) -> Array:
-        """Layer ``layer``'s q: [max_batch, num_q_heads, head_size] of its spec, written by you before a step.
+    def query(self, layer: int, q_len: Optional[int] = None) -> Array:
+        """Layer ``layer``'s q, written by you before a step: [max_batch * max(q_lens), num_q_heads,
+        head_size] of its spec (every row; [max_batch, ...] with the default ``q_lens``), or with
+        ``q_len`` n (one of :attr:`q_lens`) the rows a step of n uses as [max_batch, n,
+        num_q_heads, head_size] (row (s, j) is token j of sequence s).
         A zero-copy view of the executor's buffer (numpy on the host backend; a torch tensor on
         CUDA when torch is importable, else a DLPack-capable object), or your own array if you gave
-        one in LayerBuffers."""
-        return self._view(layer, 0, self._given(layer, "q"))
+        one in LayerBuffers (with ``q_len``, its first rows reshaped)."""
+        return self._view(layer, 0, self._given(layer, "q"), q_len)
 
-    def output(self, layer: int) -> Array:
-        """Layer ``layer``'s attention output: [max_batch, num_q_heads, head_size]; rows past the
-        step's num_seqs are padding. A view, as :meth:`query`."""
-        return self._view(layer, 1, self._given(layer, "out"))
+    def output(self, layer: int, q_len: Optional[int] = None) -> Array:
+        """Layer ``layer``'s attention output, shaped as :meth:`query`; rows past the step's
+        num_seqs (x q_len) are padding. A view, as :meth:`query`."""
+        return self._view(layer, 1, self._given(layer, "out"), q_len)
 
-    def new_key(self, layer: int) -> Array:
-        """Layer ``layer``'s new K, appended at slot_mapping each step: [max_batch, num_kv_heads, head_size]."""
-        return self._view(layer, 2, self._given(layer, "new_key"))
+    def new_key(self, layer: int, q_len: Optional[int] = None) -> Array:
+        """Layer ``layer``'s new K, appended at slot_mapping each step: as :meth:`query` with
+        num_kv_heads."""
+        return self._view(layer, 2, self._given(layer, "new_key"), q_len)
 
-    def new_value(self, layer: int) -> Array:
-        """Layer ``layer``'s new V: [max_batch, num_kv_heads, head_size]."""
-        return self._view(layer, 3, self._given(layer, "new_value"))
+    def new_value(self, layer: int, q_len: Optional[int] = None) -> Array:
+        """Layer ``layer``'s new V: as :meth:`new_key`."""
+        return self._view(layer, 3, self._given(layer, "new_value"), q_len)
 
     def host_staging(self) -> HostStaging:
         """The pinned host staging buffers as numpy views (valid until the next step): inputs written
@@ -227,23 +247,27 @@ class Executor:
     # ------------------------------------------------------------------ plans and statistics
 
     def plans(self, group: Optional[int] = None) -> List[BucketPlan]:
-        """Every bucket's plan, bucket-major (index = bucket * bands + band), for every layer group in
-        turn (group-major); or layer group ``group``'s only."""
+        """Every bucket's plan, bucket-major (index = bucket * bands + band), for each of
+        :attr:`q_lens` in turn (``BucketPlan.q_len``), for every layer group in turn (group-major);
+        or layer group ``group``'s only."""
         return [BucketPlan._from_core(d) for d in self._core.plans(group)]
 
     def plan_for(self, step_or_bucket: Union[StepResult, int], band: Optional[int] = None, *,
-                 group: int = 0) -> BucketPlan:
-        """The plan a step ran (``plan_for(result)``), or of batch-bucket index ``bucket`` and band
-        index ``band`` (``plan_for(bucket, band)``), for layer group ``group`` (0: layer 0's). A result
+                 group: int = 0, q_len: Optional[int] = None) -> BucketPlan:
+        """The plan a step ran (``plan_for(result)``, of the step's q_len), or of batch-bucket index
+        ``bucket`` and band index ``band`` (``plan_for(bucket, band)``) for steps of ``q_len`` (None:
+        the smallest of :attr:`q_lens`), for layer group ``group`` (0: layer 0's). A result
         whose band the graph chose on the device (band -1) raises InvalidArgument saying where to look:
         :meth:`plans_for` and ``stats().graphs[].band_replays``."""
         if isinstance(step_or_bucket, StepResult):
             r = step_or_bucket
+            if q_len is not None and q_len != r.q_len:
+                raise InvalidArgument(f"q_len = {q_len} is invalid; allowed: None or the step's q_len = {r.q_len}")
             return BucketPlan._from_core(
-                self._core.plan_for_step(r.bucket, r.band, r.band_on_device, r.graph_id, group))
+                self._core.plan_for_step(r.bucket, r.band, r.band_on_device, r.graph_id, group, r.q_len))
         if band is None:
             raise TypeError("plan_for(bucket, band): band is required with a bucket index")
-        return BucketPlan._from_core(self._core.plan_for(int(step_or_bucket), int(band), group))
+        return BucketPlan._from_core(self._core.plan_for(int(step_or_bucket), int(band), group, q_len))
 
     @property
     def num_layer_groups(self) -> int:
@@ -263,13 +287,15 @@ class Executor:
         self.layer_group(layer)  # checks the index
         return self._config.layer_spec(layer)
 
-    def plans_for(self, bucket: int, *, group: int = 0) -> List[BucketPlan]:
-        """Every band's plan of batch-bucket index ``bucket``, in band order, for layer group ``group``."""
-        return [BucketPlan._from_core(d) for d in self._core.plans_for(int(bucket), group)]
+    def plans_for(self, bucket: int, *, group: int = 0, q_len: Optional[int] = None) -> List[BucketPlan]:
+        """Every band's plan of batch-bucket index ``bucket``, in band order, for layer group ``group``,
+        for steps of ``q_len`` (None: the smallest of :attr:`q_lens`)."""
+        return [BucketPlan._from_core(d) for d in self._core.plans_for(int(bucket), group, q_len)]
 
-    def plan_for_batch(self, batch_size: int, band: int) -> BucketPlan:
-        """The plan a step of ``batch_size`` sequences (1..max_batch) in band index ``band`` replays."""
-        return BucketPlan._from_core(self._core.plan_for_batch(batch_size, band))
+    def plan_for_batch(self, batch_size: int, band: int, *, q_len: Optional[int] = None) -> BucketPlan:
+        """The plan a step of ``batch_size`` sequences (1..max_batch) in band index ``band`` replays,
+        of ``q_len`` query tokens per sequence (None: the smallest of :attr:`q_lens`)."""
+        return BucketPlan._from_core(self._core.plan_for_batch(batch_size, band, q_len))
 
     def plan_table(self) -> str:
         """Every plan as an aligned text table."""
@@ -299,6 +325,11 @@ class Executor:
         return int(self._core.num_layers)
 
     @property
+    def q_lens(self) -> List[int]:
+        """The query tokens per sequence graphs are captured for (``ExecutorConfig.q_lens``), ascending."""
+        return list(self._core.q_lens)
+
+    @property
     def backend(self) -> BackendKind:
         """The backend in effect: CUDA or HOST."""
         return self._core.backend
@@ -318,7 +349,8 @@ class Executor:
         return (f"Executor(backend={self.backend.name.lower()}, layers={self.num_layers}, "
                 f"heads={s.num_q_heads}/{s.num_kv_heads}, head_size={s.head_size}, "
                 f"dtype={s.dtype.name.lower()}, layout={s.layout.name.lower()}, "
-                f"max_batch={self._config.max_batch}, max_seq_len={self._config.max_seq_len})")
+                f"max_batch={self._config.max_batch}, max_seq_len={self._config.max_seq_len}"
+                + (f", q_lens={self.q_lens}" if self.q_lens != [1] else "") + ")")
 
 
 def _as_array(view: Any, dtype: Any, backend: BackendKind) -> Array:

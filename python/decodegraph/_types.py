@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, TypeVar
 
 from . import _core
 from ._core import (
@@ -237,6 +238,10 @@ class ExecutorConfig:
     ``batch_buckets`` take the defaults (:func:`decodegraph.default_band_edges`,
     :func:`decodegraph.default_batch_buckets`); ``validation`` None takes the library's default
     (``CHEAP`` in release builds). See include/decodegraph/executor.hpp for every field.
+
+    ``q_lens`` lists the query tokens per sequence the executor captures graphs for (speculative
+    decoding: 1 + k for k drafted tokens, e.g. ``[1, 4]``); each 1..16, distinct, not empty.
+    Every step names its ``q_len``, one of them; layer buffers hold ``max_batch * max(q_lens)`` rows.
     """
 
     spec: AttentionSpec = field(default_factory=AttentionSpec)
@@ -261,6 +266,7 @@ class ExecutorConfig:
     memory_budget_bytes: int = 0
     log_level: str = ""
     alibi_slopes: Optional[Sequence[float]] = None
+    q_lens: List[int] = field(default_factory=lambda: [1])
 
     def __post_init__(self) -> None:
         self.normalize()
@@ -289,6 +295,14 @@ class ExecutorConfig:
                 raise InvalidArgument(f"layers[{i}] = {type(layer).__name__} is invalid; allowed: a LayerBuffers")
         self.band_edges = [int(e) for e in self.band_edges]
         self.batch_buckets = [int(b) for b in self.batch_buckets]
+        # The values are the library's to check (range, duplicates, empty); here only the type.
+        if isinstance(self.q_lens, (str, bytes)) or not isinstance(self.q_lens, Iterable):
+            raise InvalidArgument(f"q_lens = {self.q_lens!r} is invalid; allowed: a list of ints, e.g. [1] or [1, 4]")
+        q_lens = list(self.q_lens)
+        for i, q in enumerate(q_lens):
+            if isinstance(q, bool) or not isinstance(q, numbers.Integral):
+                raise InvalidArgument(f"q_lens[{i}] = {q!r} is invalid; allowed: an int 1..16")
+        self.q_lens = [int(q) for q in q_lens]
         if self.alibi_slopes is not None:
             self.alibi_slopes = [float(s) for s in self.alibi_slopes]
 
@@ -329,6 +343,7 @@ class BucketPlan:
     ``grid`` is the attention (V1 or V2 pass 1) grid (x, y, z), ``merge_grid`` V2's pass-2 grid
     (heads, sequences, 32-element slices); ``predicted_lo/mid/hi`` the cost model at the band's edges;
     ``reason_text`` is ``describe_reason``'s line. Lengths in (band_lo, band_hi] replay it.
+    ``q_len`` is the query tokens per sequence of the steps it runs (one of ``ExecutorConfig.q_lens``).
     """
 
     batch: int
@@ -358,6 +373,7 @@ class BucketPlan:
     graph_id: int
     candidates: List[PlanCandidate]
     group: int = 0
+    q_len: int = 1
 
     @classmethod
     def _from_core(cls, d: Dict[str, Any]) -> BucketPlan:
@@ -373,7 +389,8 @@ class StepResult:
     """What one step ran (C++ ``StepResult``). ``bucket`` is the batch bucket's index; ``band`` is -1
     (and band_hi, kernel, partition_size unknown, launch_id -1) when a kDevice graph chose the band on
     the device. ``graph_id`` names the graph replayed (``stats().graphs[].graph_id``: kHost one per
-    launch, kDevice one per batch bucket); ``launch_id`` the launch it ran (``BucketPlan.graph_id``)."""
+    launch, kDevice one per (q_len, batch bucket)); ``launch_id`` the launch it ran (``BucketPlan.graph_id``);
+    ``q_len`` the step's query tokens per sequence."""
 
     bucket: int
     bucket_batch_size: int
@@ -386,6 +403,7 @@ class StepResult:
     measured: bool
     graph_id: int
     launch_id: int
+    q_len: int = 1
 
 
 @dataclass
@@ -417,6 +435,7 @@ class GraphStats:
     band_launch_ids: List[int]
     group_kernels: List[KernelKind] = field(default_factory=list)  # [group]: kHost its kernel, kDevice its longest band's
     group_band_kernels: List[List[KernelKind]] = field(default_factory=list)  # kDevice: [group][band - this.band]
+    q_len: int = 1  # query tokens per sequence of every step it replays
 
 
 @dataclass
@@ -481,7 +500,9 @@ class MemoryReport:
 class HostStaging:
     """The executor's host staging buffers as zero-copy numpy views: write a step's inputs here and
     pass (slices of) them to ``step()``, which then skips its copy. ``block_tables`` is
-    ``[max_batch, block_table_stride]``; pass ``block_tables[:n]``."""
+    ``[max_batch, block_table_stride]``; pass ``block_tables[:n]``. ``slot_mapping`` holds
+    ``max_batch * max(q_lens)`` entries: pass ``slot_mapping[:n]`` (q_len 1) or
+    ``slot_mapping[:n * q_len].reshape(n, q_len)``."""
 
     seq_lens: Any
     block_tables: Any

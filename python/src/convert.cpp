@@ -47,6 +47,7 @@ dg::ExecutorConfig config_from_py(nb::handle o) {
   if (!o.attr("alibi_slopes").is_none()) c.alibi_slopes = get<std::vector<float>>(o, "alibi_slopes");
   c.num_layers = static_cast<int>(nb::len(nb::object(o.attr("layers"))));
   c.max_batch = get<int>(o, "max_batch");
+  c.q_lens = get<std::vector<int>>(o, "q_lens");
   c.max_seq_len = get<int>(o, "max_seq_len");
   c.num_blocks = get<int>(o, "num_blocks");
   c.max_blocks_per_seq = get<int>(o, "max_blocks_per_seq");
@@ -95,6 +96,7 @@ nb::dict to_py(const dg::BucketPlan& p) {
   nb::dict d;
   d["group"] = p.group;
   d["batch"] = p.batch;
+  d["q_len"] = p.q_len;
   d["band"] = p.band;
   d["band_lo"] = p.band_lo;
   d["band_hi"] = p.band_hi;
@@ -135,6 +137,7 @@ nb::dict to_py(const dg::GraphStats& g) {
   nb::dict d;
   d["graph_id"] = g.graph_id;
   d["batch"] = g.batch;
+  d["q_len"] = g.q_len;
   d["band"] = g.band;
   d["last_band"] = g.last_band;
   d["band_lo"] = g.band_lo;
@@ -211,6 +214,7 @@ nb::dict to_py(const dg::StepResult& r) {
   nb::dict d;
   d["bucket"] = r.bucket.value;
   d["bucket_batch_size"] = r.bucket_batch_size;
+  d["q_len"] = r.q_len;
   d["band"] = r.band;
   d["band_hi"] = r.band_hi;
   d["kernel"] = r.kernel;

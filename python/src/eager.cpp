@@ -4,10 +4,12 @@
 // run the host implementation (host::), with the GIL released; CUDA arrays run the CUDA launchers
 // on `stream` (capturable: nothing is allocated or read back).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -141,10 +143,17 @@ struct Variants {
   nb::handle sinks;
 };
 
+// q_len given as an argument (or None): 1..kMaxQLen.
+void check_q_len_arg(int n) {
+  if (n < 1 || n > dg::kMaxQLen)
+    throw_invalid("q_len", n, "1..kMaxQLen = 1.." + std::to_string(dg::kMaxQLen) + " query tokens per sequence");
+}
+
 std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle k_cache, nb::handle v_cache,
                                         nb::handle block_tables, nb::handle seq_lens, int max_seq_len,
                                         float scale, nb::handle alibi_slopes, nb::handle k_scale,
-                                        nb::handle v_scale, const std::string& kv_cache_dtype, const Variants& var) {
+                                        nb::handle v_scale, const std::string& kv_cache_dtype, const Variants& var,
+                                        std::optional<int> q_len) {
   auto c = std::make_unique<DecodeCall>();
   c->q = import_tensor(q, "q", false);
   c->out = import_tensor(out, "out", true);
@@ -154,12 +163,25 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
   c->lens = import_tensor(seq_lens, "seq_lens", false);
 
   const dg::DType dtype = dtype_of(c->q);
-  if (c->q.ndim() != 3)
-    throw_invalid("q.shape", c->q.shape_text(), "[num_seqs, num_q_heads, head_size]");
+  const bool q4 = c->q.ndim() == 4;  // [num_seqs, q_len, num_q_heads, head_size]
+  if (c->q.ndim() != 3 && !q4)
+    throw_invalid("q.shape", c->q.shape_text(),
+                  "[num_seqs, num_q_heads, head_size], or [num_seqs, q_len, num_q_heads, head_size] (q_len rows "
+                  "per sequence)");
+  // q_len: q's shape[1] when 4-D, else the argument (1 by default); both given must agree.
+  if (q_len) check_q_len_arg(*q_len);
+  if (q4) {
+    if (c->q.shape[1] < 1 || c->q.shape[1] > dg::kMaxQLen)
+      throw_invalid("q.shape[1]", c->q.shape[1],
+                    "a q_len of 1..kMaxQLen = 1.." + std::to_string(dg::kMaxQLen) + " query tokens per sequence");
+    if (q_len && *q_len != c->q.shape[1])
+      throw_invalid("q_len", *q_len, "None or q.shape[1] = " + std::to_string(c->q.shape[1]) + " (q is 4-D)");
+  }
+  const int n_rows = q4 ? static_cast<int>(c->q.shape[1]) : q_len.value_or(1);
   // Heads and head size from q; KV heads, block size and layout from k_cache, whose shape is then
   // checked against them (so a malformed cache is the argument named).
-  dg::AttentionSpec s = spec_from_cache(c->k, dtype, static_cast<int>(c->q.shape[1]),
-                                        static_cast<int>(c->q.shape[2]));
+  dg::AttentionSpec s = spec_from_cache(c->k, dtype, static_cast<int>(c->q.shape[q4 ? 2 : 1]),
+                                        static_cast<int>(c->q.shape[q4 ? 3 : 2]));
   s.scale = scale;
   s.kv_dtype = kv_of(c->k, kv_cache_dtype);
   s.sliding_window = var.sliding_window;
@@ -169,18 +191,29 @@ std::unique_ptr<DecodeCall> decode_call(nb::handle out, nb::handle q, nb::handle
   c->where = c->q.where;
   if (c->where == Where::kCuda) require_where(c->q, Where::kCuda, current_cuda_device(), " (the current device)");
   check_caches(c->k, c->v, s, c->q);
-  const RowArray qr = require_rows(c->q, s.num_q_heads, s.head_size, "num_seqs");
-  const int64_t n = qr.rows;
+  const RowArray qr = require_rows(c->q, s.num_q_heads, s.head_size, n_rows > 1 ? "num_seqs x q_len" : "num_seqs", true);
+  if (qr.rows % n_rows != 0)
+    throw_invalid("q.shape[0]", qr.rows,
+                  "num_seqs x q_len rows, a multiple of q_len = " + std::to_string(n_rows) + " (row s * q_len + j is token j of sequence s)");
+  const int64_t n = qr.rows / n_rows;  // sequences
   require_elem(c->out, elem_of(dtype), ", as q");
   require_same_where(c->out, c->q);
-  const RowArray orow = require_rows(c->out, s.num_q_heads, s.head_size, "num_seqs");
-  if (orow.rows != n) throw_invalid("out.shape[0]", orow.rows, "num_seqs = " + std::to_string(n) + " (q.shape[0])");
+  const RowArray orow = require_rows(c->out, s.num_q_heads, s.head_size, n_rows > 1 ? "num_seqs x q_len" : "num_seqs", true);
+  if (orow.per_seq != 0 && (c->out.shape[0] != n || orow.per_seq != n_rows))
+    throw_invalid("out.shape", c->out.shape_text(),
+                  "[num_seqs, q_len, ...] = [" + std::to_string(n) + ", " + std::to_string(n_rows) + ", ...], as q");
+  if (orow.rows != qr.rows)
+    throw_invalid("out.shape[0]", orow.rows,
+                  n_rows > 1 ? "num_seqs x q_len = " + std::to_string(n) + " x " + std::to_string(n_rows) + " = " +
+                                   std::to_string(qr.rows) + " rows, as q"
+                             : "num_seqs = " + std::to_string(n) + " (q.shape[0])");
   check_index(c->tables, Elem::kInt32, {n, -1}, "[num_seqs, max_blocks_per_seq] with num_seqs = " + std::to_string(n), c->q);
   check_index(c->lens, Elem::kInt32, {n}, "[num_seqs] with num_seqs = " + std::to_string(n), c->q);
 
   dg::DecodeArgs& a = c->args;
   a.spec = s;
   a.num_seqs = static_cast<int>(n);
+  a.q_len = n_rows;
   a.block_table_stride = static_cast<int>(c->tables.shape[1]);
   a.max_seq_len = max_seq_len > 0 ? max_seq_len : a.block_table_stride * s.block_size;
   a.num_blocks = static_cast<int>(c->k.shape[0]);
@@ -217,9 +250,9 @@ nb::object paged_attention_v1(nb::handle out, nb::handle q, nb::handle k_cache, 
                               nb::handle block_tables, nb::handle seq_lens, int max_seq_len, float scale,
                               nb::handle alibi_slopes, nb::handle k_scale, nb::handle v_scale,
                               const std::string& kv_cache_dtype, int sliding_window, float logit_softcap,
-                              nb::handle sinks, nb::handle stream) {
+                              nb::handle sinks, std::optional<int> q_len, nb::handle stream) {
   auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes, k_scale,
-                       v_scale, kv_cache_dtype, Variants{sliding_window, logit_softcap, sinks});
+                       v_scale, kv_cache_dtype, Variants{sliding_window, logit_softcap, sinks}, q_len);
   const dg::Stream s = stream_from_py(stream);
   {
     nb::gil_scoped_release nogil;
@@ -233,12 +266,13 @@ nb::object paged_attention_v2(nb::handle out, nb::handle q, nb::handle k_cache, 
                               nb::handle block_tables, nb::handle seq_lens, int partition_size,
                               nb::handle workspace, int max_seq_len, float scale, nb::handle alibi_slopes,
                               nb::handle k_scale, nb::handle v_scale, const std::string& kv_cache_dtype,
-                              int sliding_window, float logit_softcap, nb::handle sinks, nb::handle stream) {
+                              int sliding_window, float logit_softcap, nb::handle sinks, std::optional<int> q_len,
+                              nb::handle stream) {
   auto c = decode_call(out, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale, alibi_slopes, k_scale,
-                       v_scale, kv_cache_dtype, Variants{sliding_window, logit_softcap, sinks});
+                       v_scale, kv_cache_dtype, Variants{sliding_window, logit_softcap, sinks}, q_len);
   const dg::DecodeArgs& a = c->args;
   dg::validate_partition_size(a.spec, partition_size);
-  const std::size_t need = dg::v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, partition_size);
+  const std::size_t need = dg::v2_workspace_size(a.spec, a.num_seqs, a.max_seq_len, partition_size, a.q_len);
   const dg::Stream s = stream_from_py(stream);
   Tensor ws;
   std::unique_ptr<void, decltype(&std::free)> own(nullptr, &std::free);
@@ -290,10 +324,30 @@ void append_kv(nb::handle key, nb::handle value, nb::handle k_cache, nb::handle 
     require_elem(*t, elem_of(dtype), kv == dg::KVCacheDType::kAuto ? ", as k_cache" : " (the model dtype)");
     require_same_where(*t, kc);
   }
-  const RowArray kr = require_rows(kt, s.num_kv_heads, s.head_size, "num_tokens");
-  const RowArray vr = require_rows(vt, s.num_kv_heads, s.head_size, "num_tokens");
-  if (vr.rows != kr.rows) throw_invalid("value.shape[0]", vr.rows, "num_tokens = " + std::to_string(kr.rows) + " (key.shape[0])");
-  check_index(sm, Elem::kInt64, {kr.rows}, "[num_tokens] with num_tokens = " + std::to_string(kr.rows), kc);
+  // [num_tokens, ...] rows, or [num_seqs, q_len, ...] (a speculative step's tokens, flattened as
+  // row s * q_len + j) with slot_mapping [num_seqs, q_len].
+  const RowArray kr = require_rows(kt, s.num_kv_heads, s.head_size, "num_tokens", true);
+  const RowArray vr = require_rows(vt, s.num_kv_heads, s.head_size, "num_tokens", true);
+  if (vr.rows != kr.rows)
+    throw_invalid(vr.per_seq ? "value.shape" : "value.shape[0]", vr.per_seq ? vt.shape_text() : std::to_string(vr.rows),
+                  "num_tokens = " + std::to_string(kr.rows) + " rows, as key " + kt.shape_text());
+  if (kr.per_seq && vr.per_seq && vt.shape[0] != kt.shape[0])
+    throw_invalid("value.shape", vt.shape_text(), "key's shape " + kt.shape_text());
+  require_elem(sm, Elem::kInt64, "");
+  require_same_where(sm, kc);
+  const std::string tokens = std::to_string(kr.rows);
+  if (kr.per_seq) {  // key [num_seqs, q_len, ...]: slots [num_seqs, q_len]
+    require_shape(sm, {kt.shape[0], kt.shape[1]},
+                  "[num_seqs, q_len] = [" + std::to_string(kt.shape[0]) + ", " + std::to_string(kt.shape[1]) +
+                      "] (key.shape[:2])");
+  } else if (sm.ndim() == 2) {
+    if (sm.shape[0] * sm.shape[1] != kr.rows)
+      throw_invalid("slot_mapping.shape", sm.shape_text(),
+                    "[num_tokens] or [num_seqs, q_len] with num_seqs x q_len = num_tokens = " + tokens + " (key.shape[0])");
+  } else {
+    require_shape(sm, {kr.rows}, "[num_tokens] or [num_seqs, q_len] with num_tokens = " + tokens + " (key.shape[0])");
+  }
+  require_contiguous(sm);
 
   dg::AppendArgs a;
   a.spec = s;
@@ -326,22 +380,24 @@ void bind_eager(nb::module_& m) {
         "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "max_seq_len"_a = 0,
         "scale"_a = 0.0f, "alibi_slopes"_a.none() = nb::none(), "k_scale"_a.none() = nb::none(),
         "v_scale"_a.none() = nb::none(), "kv_cache_dtype"_a = "auto", "sliding_window"_a = 0,
-        "logit_softcap"_a = 0.0f, "sinks"_a.none() = nb::none(), "stream"_a.none() = nb::none());
+        "logit_softcap"_a = 0.0f, "sinks"_a.none() = nb::none(), "q_len"_a.none() = nb::none(),
+        "stream"_a.none() = nb::none());
   m.def("paged_attention_v2", &paged_attention_v2, "out"_a.none(), "q"_a.none(), "k_cache"_a.none(),
         "v_cache"_a.none(), "block_tables"_a.none(), "seq_lens"_a.none(), nb::kw_only(), "partition_size"_a,
         "workspace"_a.none() = nb::none(), "max_seq_len"_a = 0, "scale"_a = 0.0f,
         "alibi_slopes"_a.none() = nb::none(), "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(),
         "kv_cache_dtype"_a = "auto", "sliding_window"_a = 0, "logit_softcap"_a = 0.0f,
-        "sinks"_a.none() = nb::none(), "stream"_a.none() = nb::none());
+        "sinks"_a.none() = nb::none(), "q_len"_a.none() = nb::none(), "stream"_a.none() = nb::none());
   m.def("append_kv", &append_kv, "key"_a.none(), "value"_a.none(), "k_cache"_a.none(), "v_cache"_a.none(),
         "slot_mapping"_a.none(), nb::kw_only(), "k_scale"_a.none() = nb::none(), "v_scale"_a.none() = nb::none(),
         "kv_cache_dtype"_a = "auto", "stream"_a.none() = nb::none());
   m.def(
       "v2_workspace_size",
-      [](nb::handle spec, int num_seqs, int max_seq_len, int partition_size) {
-        return dg::v2_workspace_size(spec_from_py(spec), num_seqs, max_seq_len, partition_size);
+      [](nb::handle spec, int num_seqs, int max_seq_len, int partition_size, int q_len) {
+        check_q_len_arg(q_len);
+        return dg::v2_workspace_size(spec_from_py(spec), num_seqs, max_seq_len, partition_size, q_len);
       },
-      "spec"_a, "num_seqs"_a, "max_seq_len"_a, "partition_size"_a);
+      "spec"_a, "num_seqs"_a, "max_seq_len"_a, "partition_size"_a, "q_len"_a = 1);
 }
 
 }  // namespace dgpy

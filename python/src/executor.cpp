@@ -17,6 +17,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -84,7 +85,7 @@ class PyExecutor {
   }
 
   nb::dict step(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping, nb::handle stream,
-                int max_seq_len);
+                int max_seq_len, int q_len);
   void rebind_layers(nb::handle layers);
   void check_errors() {
     Busy b(*this, "check_errors");
@@ -97,39 +98,42 @@ class PyExecutor {
     ex_->capture_all();
   }
 
-  nb::object layer_view(int layer, int which);
+  nb::object layer_view(int layer, int which, std::optional<int> q_len);
   nb::dict host_staging();
 
   nb::list plans(std::optional<int> group) {
     auto lk = lock();
     return group ? to_py(ex_->plans(*group)) : to_py(ex_->plans());
   }
-  nb::dict plan_for(int bucket, int band, int group) {
+  nb::dict plan_for(int bucket, int band, int group, std::optional<int> q_len) {
     auto lk = lock();
-    return to_py(ex_->plan_for(group, dg::BucketIndex(bucket), band));
+    return to_py(ex_->plan_for(group, dg::BucketIndex(bucket), band, q_len_or_first(q_len)));
   }
+  /// config().q_lens, ascending (the library sorts them).
+  std::vector<int> q_lens() const { return ex_->config().q_lens; }
   int num_layer_groups() const { return ex_->num_layer_groups(); }
   int layer_group(int layer) const { return ex_->layer_group(layer); }
   std::vector<int> group_layers(int group) const { return ex_->group_layers(group); }
   // plan_for(const StepResult&): the fields it reads, so that its error (band -1 chosen on the
   // device) is the C++ one; then group `group`'s plan of the same cell.
-  nb::dict plan_for_step(int bucket, int band, bool band_on_device, int graph_id, int group) {
+  nb::dict plan_for_step(int bucket, int band, bool band_on_device, int graph_id, int group, int q_len) {
     auto lk = lock();
     dg::StepResult r;
     r.bucket = dg::BucketIndex(bucket);
     r.band = band;
     r.band_on_device = band_on_device;
     r.graph_id = graph_id;
+    r.q_len = q_len;
     const dg::BucketPlan& p0 = ex_->plan_for(r);
-    return to_py(group == 0 ? p0 : ex_->plan_for(group, r.bucket, r.band));
+    return to_py(group == 0 ? p0 : ex_->plan_for(group, r.bucket, r.band, r.q_len));
   }
-  nb::list plans_for(int bucket, int group) {
+  nb::list plans_for(int bucket, int group, std::optional<int> q_len) {
     auto lk = lock();
-    return to_py(ex_->plans_for(group, dg::BucketIndex(bucket)));
+    return to_py(ex_->plans_for(group, dg::BucketIndex(bucket), q_len_or_first(q_len)));
   }
-  nb::dict plan_for_batch(int batch, int band) {
+  nb::dict plan_for_batch(int batch, int band, std::optional<int> q_len) {
     auto lk = lock();
-    return to_py(ex_->plan_for_batch(batch, band));
+    return to_py(ex_->plan_for_batch(batch, band, q_len_or_first(q_len)));
   }
   std::string plan_table() {
     auto lk = lock();
@@ -208,12 +212,25 @@ class PyExecutor {
   };
 
   dg::StepBody make_body();
+  // None: config().q_lens[0], the smallest (the library's default).
+  int q_len_or_first(std::optional<int> q_len) const { return q_len ? *q_len : ex_->config().q_lens.front(); }
+  // A q_len argument of step() or a view: one of config().q_lens.
+  void require_q_len(int q_len) const {
+    const std::vector<int>& q = ex_->config().q_lens;
+    if (std::find(q.begin(), q.end(), q_len) != q.end()) return;
+    std::string list = "[";
+    for (std::size_t i = 0; i < q.size(); ++i) list += (i ? ", " : "") + std::to_string(q[i]);
+    throw_invalid("q_len", q_len,
+                  "one of q_lens = " + list + "] (ExecutorConfig.q_lens, the q_lens graphs are captured for; each 1.." +
+                      std::to_string(dg::kMaxQLen) + ")");
+  }
   std::vector<dg::LayerBuffers> import_layers(nb::handle layers, std::vector<LayerKeep>& keep);
 
   std::unique_ptr<dg::Executor> ex_;
   dg::AttentionSpec spec_;
   std::vector<dg::AttentionSpec> layer_specs_;  // config.layer_specs: empty, or one per layer
   int max_batch_ = 0;
+  int max_q_len_ = 1;  // the largest of config.q_lens: layer buffers hold max_batch x max_q_len_ rows
   int num_blocks_ = 0;
   Where where_ = Where::kHost;
   int device_id_ = 0;
@@ -235,6 +252,9 @@ PyExecutor::PyExecutor(nb::handle config, nb::handle body) {
   dg::validate_layer_specs(cfg);  // before the arrays are checked against each layer's spec
   layer_specs_ = cfg.layer_specs;
   max_batch_ = cfg.max_batch;
+  // Bad q_lens are the library's to reject (after this); only valid ones size the row checks.
+  for (int q : cfg.q_lens)
+    if (q >= 1 && q <= dg::kMaxQLen) max_q_len_ = std::max(max_q_len_, q);
   dg::BackendKind kind = cfg.backend;
   if (kind == dg::BackendKind::kAuto)
     kind = dg::cuda_device_available() ? dg::BackendKind::kCuda : dg::BackendKind::kHost;
@@ -336,7 +356,10 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
       k.sinks = std::move(t);
     }
 
-    // Optional row buffers: [rows >= max_batch, heads, head_size] (or 2-D), rows may be strided.
+    // Optional row buffers: [rows >= max_batch x max(q_lens), heads, head_size] (or 2-D), rows may
+    // be strided.
+    const int64_t max_rows = int64_t{max_batch_} * max_q_len_;
+    const std::string rows_words = max_q_len_ == 1 ? "max_batch" : "max_batch x max(q_lens)";
     auto rows = [&](const char* field, bool writable, int heads, std::optional<Tensor>& slot, nb::object& obj,
                     void*& ptr, int64_t& stride) {
       nb::object o = layer.attr(field);
@@ -344,9 +367,13 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
       Tensor t = import_tensor(o, pre + field, writable);
       require_elem(t, elem_of(s.dtype), dtype_why);
       require_where(t, where_, device_id_, why);
-      const RowArray r = require_rows(t, heads, s.head_size, "max_batch");
-      if (r.rows < max_batch_)
-        throw_invalid(t.name + ".shape[0]", r.rows, "at least max_batch = " + std::to_string(max_batch_));
+      const RowArray r = require_rows(t, heads, s.head_size, rows_words);
+      if (r.rows < max_rows)
+        throw_invalid(t.name + ".shape[0]", r.rows,
+                      max_q_len_ == 1 ? "at least max_batch = " + std::to_string(max_batch_)
+                                      : "at least max_batch x max(q_lens) = " + std::to_string(max_batch_) + " x " +
+                                            std::to_string(max_q_len_) + " = " + std::to_string(max_rows) +
+                                            " rows (a step of q_len n uses rows [num_seqs, n])");
       ptr = t.data;
       stride = r.row_stride;
       obj = o;
@@ -362,7 +389,8 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
 }
 
 nb::dict PyExecutor::step(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping,
-                          nb::handle stream, int max_seq_len) {
+                          nb::handle stream, int max_seq_len, int q_len) {
+  require_q_len(q_len);  // first: the slot_mapping's shape depends on it
   Tensor lens = import_tensor(seq_lens, "seq_lens", false);
   require_elem(lens, Elem::kInt32, "");
   if (lens.ndim() != 1) throw_invalid("seq_lens.shape", lens.shape_text(), "[num_seqs]");
@@ -381,7 +409,14 @@ nb::dict PyExecutor::step(nb::handle seq_lens, nb::handle block_tables, nb::hand
     slots = import_tensor(slot_mapping, "slot_mapping", false);
     require_elem(*slots, Elem::kInt64, "");
     require_same_where(*slots, lens);
-    require_shape(*slots, {n}, "[num_seqs]" + rows_words);
+    // [num_seqs, q_len]; q_len 1 also [num_seqs], as before speculative steps.
+    if (q_len == 1 && slots->ndim() == 1) {
+      require_shape(*slots, {n}, "[num_seqs] or [num_seqs, 1]" + rows_words);
+    } else {
+      require_shape(*slots, {n, q_len},
+                    "[num_seqs, q_len] = [" + std::to_string(n) + ", " + std::to_string(q_len) + "]" +
+                        (q_len == 1 ? " or [num_seqs]" : "") + rows_words + ": one slot per new token");
+    }
     require_contiguous(*slots);
   }
   dg::StepInputs in;
@@ -392,6 +427,7 @@ nb::dict PyExecutor::step(nb::handle seq_lens, nb::handle block_tables, nb::hand
   in.slot_mapping = slots ? static_cast<const int64_t*>(slots->data) : nullptr;
   in.space = lens.where == Where::kHost ? dg::MemorySpace::kHost : dg::MemorySpace::kDevice;
   in.max_seq_len = max_seq_len;
+  in.q_len = q_len;
   bool stream_given = false;
   const dg::Stream s = stream_from_py(stream, &stream_given);
 
@@ -415,20 +451,24 @@ void PyExecutor::rebind_layers(nb::handle layers) {
   layers_ = std::move(keep);  // the old arrays are released only once no graph uses them
 }
 
-// which: 0 q, 1 out, 2 new_key, 3 new_value.
-nb::object PyExecutor::layer_view(int layer, int which) {
+// which: 0 q, 1 out, 2 new_key, 3 new_value. q_len None: every row, [max_batch x max(q_lens), heads,
+// head_size]; q_len n: the rows a step of n uses, [max_batch, n, heads, head_size] (row s * n + j).
+nb::object PyExecutor::layer_view(int layer, int which, std::optional<int> q_len) {
   auto lk = lock();
   if (layer < 0 || layer >= num_layers())
     throw_invalid("layer", layer, "0 .. num_layers - 1 = 0 .. " + std::to_string(num_layers() - 1));
+  if (q_len) require_q_len(*q_len);
   const LayerKeep& k = layers_[layer];
   const nb::object* given[] = {&k.q_obj, &k.out_obj, &k.new_key_obj, &k.new_value_obj};
-  if (given[which]->is_valid()) return *given[which];  // a caller buffer: the caller's own array
+  if (given[which]->is_valid()) return *given[which];  // a caller buffer: the caller's own array (Python shapes it)
   void* ptr = which == 0 ? ex_->query(layer) : which == 1 ? ex_->output(layer)
             : which == 2 ? ex_->new_key(layer) : ex_->new_value(layer);
   const dg::AttentionSpec& s = spec_of(static_cast<std::size_t>(layer));
   const std::size_t heads = which < 2 ? s.num_q_heads : s.num_kv_heads;
-  return export_view(ptr, {static_cast<std::size_t>(max_batch_), heads, static_cast<std::size_t>(s.head_size)},
-                     elem_of(s.dtype), where_, device_id_, nb::find(*this));
+  const auto mb = static_cast<std::size_t>(max_batch_), hs = static_cast<std::size_t>(s.head_size);
+  std::vector<std::size_t> shape = q_len ? std::vector<std::size_t>{mb, static_cast<std::size_t>(*q_len), heads, hs}
+                                         : std::vector<std::size_t>{mb * static_cast<std::size_t>(max_q_len_), heads, hs};
+  return export_view(ptr, shape, elem_of(s.dtype), where_, device_id_, nb::find(*this));
 }
 
 nb::dict PyExecutor::host_staging() {
@@ -444,7 +484,8 @@ nb::dict PyExecutor::host_staging() {
   nb::dict d;
   d["seq_lens"] = export_view(hs.seq_lens.data(), {rows}, Elem::kInt32, Where::kHost, 0, self);
   d["block_tables"] = export_view(hs.block_tables.data(), {rows, stride}, Elem::kInt32, Where::kHost, 0, self);
-  d["slot_mapping"] = export_view(hs.slot_mapping.data(), {rows}, Elem::kInt64, Where::kHost, 0, self);
+  // max_batch x max(q_lens) entries: a step of q_len n uses the first num_seqs x n ([num_seqs, n]).
+  d["slot_mapping"] = export_view(hs.slot_mapping.data(), {hs.slot_mapping.size()}, Elem::kInt64, Where::kHost, 0, self);
   d["block_table_stride"] = hs.block_table_stride;
   return d;
 }
@@ -471,23 +512,28 @@ void bind_executor(nb::module_& m) {
   nb::class_<PyExecutor>(m, "Executor", nb::type_slots(executor_slots), nb::is_weak_referenceable())
       .def(nb::init<nb::handle, nb::handle>(), "config"_a, "step_body"_a.none() = nb::none())
       .def("step", &PyExecutor::step, "seq_lens"_a.none(), "block_tables"_a.none(),
-           "slot_mapping"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(), "max_seq_len"_a = 0)
+           "slot_mapping"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(), "max_seq_len"_a = 0,
+           "q_len"_a = 1)
       .def("rebind_layers", &PyExecutor::rebind_layers, "layers"_a)
       .def("check_errors", &PyExecutor::check_errors)
       .def("capture_all", &PyExecutor::capture_all)
-      .def("query", [](PyExecutor& e, int l) { return e.layer_view(l, 0); }, "layer"_a)
-      .def("output", [](PyExecutor& e, int l) { return e.layer_view(l, 1); }, "layer"_a)
-      .def("new_key", [](PyExecutor& e, int l) { return e.layer_view(l, 2); }, "layer"_a)
-      .def("new_value", [](PyExecutor& e, int l) { return e.layer_view(l, 3); }, "layer"_a)
+      .def("query", [](PyExecutor& e, int l, std::optional<int> n) { return e.layer_view(l, 0, n); }, "layer"_a,
+           "q_len"_a.none() = nb::none())
+      .def("output", [](PyExecutor& e, int l, std::optional<int> n) { return e.layer_view(l, 1, n); }, "layer"_a,
+           "q_len"_a.none() = nb::none())
+      .def("new_key", [](PyExecutor& e, int l, std::optional<int> n) { return e.layer_view(l, 2, n); }, "layer"_a,
+           "q_len"_a.none() = nb::none())
+      .def("new_value", [](PyExecutor& e, int l, std::optional<int> n) { return e.layer_view(l, 3, n); }, "layer"_a,
+           "q_len"_a.none() = nb::none())
       .def("host_staging", &PyExecutor::host_staging)
       .def("plans", &PyExecutor::plans, "group"_a.none() = nb::none())
-      .def("plan_for", &PyExecutor::plan_for, "bucket"_a, "band"_a, "group"_a = 0)
+      .def("plan_for", &PyExecutor::plan_for, "bucket"_a, "band"_a, "group"_a = 0, "q_len"_a.none() = nb::none())
       .def("layer_group", &PyExecutor::layer_group, "layer"_a)
       .def("group_layers", &PyExecutor::group_layers, "group"_a)
       .def("plan_for_step", &PyExecutor::plan_for_step, "bucket"_a, "band"_a, "band_on_device"_a, "graph_id"_a,
-           "group"_a = 0)
-      .def("plans_for", &PyExecutor::plans_for, "bucket"_a, "group"_a = 0)
-      .def("plan_for_batch", &PyExecutor::plan_for_batch, "batch_size"_a, "band"_a)
+           "group"_a = 0, "q_len"_a = 1)
+      .def("plans_for", &PyExecutor::plans_for, "bucket"_a, "group"_a = 0, "q_len"_a.none() = nb::none())
+      .def("plan_for_batch", &PyExecutor::plan_for_batch, "batch_size"_a, "band"_a, "q_len"_a.none() = nb::none())
       .def("plan_table", &PyExecutor::plan_table)
       .def("stats", &PyExecutor::stats)
       .def("memory", &PyExecutor::memory)
@@ -495,6 +541,7 @@ void bind_executor(nb::module_& m) {
       .def_prop_ro("band_select", &PyExecutor::band_select)
       .def_prop_ro("stream", &PyExecutor::stream)
       .def_prop_ro("num_layers", &PyExecutor::num_layers)
+      .def_prop_ro("q_lens", &PyExecutor::q_lens)
       .def_prop_ro("num_layer_groups", &PyExecutor::num_layer_groups);
 
   nb::class_<PyStepContext>(m, "StepContext")

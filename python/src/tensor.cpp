@@ -296,32 +296,54 @@ void require_contiguous(const Tensor& t) {
   }
 }
 
-RowArray require_rows(const Tensor& t, int64_t heads, int64_t head_size, const std::string& what) {
+RowArray require_rows(const Tensor& t, int64_t heads, int64_t head_size, const std::string& what,
+                      bool allow_4d) {
   const int64_t row = heads * head_size;
-  const std::string shape_words = "[" + what + ", " + std::to_string(heads) + ", " +
-                                  std::to_string(head_size) + "] or [" + what + ", " +
-                                  std::to_string(row) + "]";
-  if (t.ndim() == 3) {
+  std::string shape_words = "[" + what + ", " + std::to_string(heads) + ", " + std::to_string(head_size) + "] or [" +
+                            what + ", " + std::to_string(row) + "]";
+  if (allow_4d) shape_words += " or [num_seqs, q_len, " + std::to_string(heads) + ", " + std::to_string(head_size) + "]";
+  RowArray r;
+  int64_t stride = row;  // between consecutive rows, as the library reads them
+  if (t.ndim() == 4 && allow_4d) {
+    require_shape(t, {-1, -1, heads, head_size}, shape_words);
+    if ((head_size > 1 && t.strides[3] != 1) || (heads > 1 && t.strides[2] != head_size))
+      throw_invalid(t.name + ".strides", std::to_string(t.strides[2]) + ", " + std::to_string(t.strides[3]) +
+                                             " elements (heads, elements)",
+                    "heads and elements packed (strides[2] = head_size, strides[3] = 1); only rows may be "
+                    "strided");
+    r.rows = t.shape[0] * t.shape[1];
+    r.per_seq = t.shape[1];
+    // Row (s, j) is read at (s * n + j) * stride: one stride across tokens and sequences.
+    if (t.shape[1] > 1) stride = t.strides[1];
+    else if (t.shape[0] > 1) stride = t.strides[0];
+    if (t.shape[0] > 1 && t.shape[1] > 1 && t.strides[0] != t.shape[1] * t.strides[1])
+      throw_invalid(t.name + ".strides[0]", t.strides[0],
+                    "shape[1] x strides[1] = " + std::to_string(t.shape[1] * t.strides[1]) +
+                        " (row (s, j) is row s * q_len + j: rows evenly spaced across sequences)");
+  } else if (t.ndim() == 3) {
     require_shape(t, {-1, heads, head_size}, shape_words);
     if ((head_size > 1 && t.strides[2] != 1) || (heads > 1 && t.strides[1] != head_size))
       throw_invalid(t.name + ".strides", std::to_string(t.strides[1]) + ", " + std::to_string(t.strides[2]) +
                                              " elements (heads, elements)",
                     "heads and elements packed (strides[1] = head_size, strides[2] = 1); only rows may be "
                     "strided");
+    r.rows = t.shape[0];
+    if (t.shape[0] > 1) stride = t.strides[0];
   } else if (t.ndim() == 2) {
     require_shape(t, {-1, row}, shape_words);
     if (row > 1 && t.strides[1] != 1)
       throw_invalid(t.name + ".strides[1]", t.strides[1], "1 (elements packed; only rows may be strided)");
+    r.rows = t.shape[0];
+    if (t.shape[0] > 1) stride = t.strides[0];
   } else {
     throw_invalid(t.name + ".shape", t.shape_text(), shape_words);
   }
-  RowArray r;
-  r.rows = t.shape[0];
-  const int64_t stride = t.shape[0] > 1 ? t.strides[0] : row;
   if (stride < row)
-    throw_invalid(t.name + ".strides[0]", stride, "at least one row (" + std::to_string(row) + " elements)");
+    throw_invalid(t.name + ".strides[" + std::string(t.ndim() == 4 && t.shape[1] > 1 ? "1" : "0") + "]", stride,
+                  "at least one row (" + std::to_string(row) + " elements)");
   if (stride != row && (stride * static_cast<int64_t>(t.itemsize())) % 16 != 0)
-    throw_invalid(t.name + ".strides[0]", stride, "a row stride that is a multiple of 16 bytes");
+    throw_invalid(t.name + ".strides[" + std::string(t.ndim() == 4 && t.shape[1] > 1 ? "1" : "0") + "]", stride,
+                  "a row stride that is a multiple of 16 bytes");
   r.row_stride = stride == row ? 0 : stride;
   return r;
 }

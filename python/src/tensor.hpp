@@ -75,12 +75,16 @@ void require_shape(const Tensor& t, const std::vector<int64_t>& want, const std:
 void require_contiguous(const Tensor& t);
 
 /// A [rows, heads, head_size] or [rows, heads * head_size] array whose rows may be any number of
-/// elements apart (a slice of a fused QKV buffer) but whose heads and elements are packed.
+/// elements apart (a slice of a fused QKV buffer) but whose heads and elements are packed. With
+/// `allow_4d`, also [seqs, n, heads, head_size] (speculative steps: n rows per sequence, row (s, j)
+/// = row s * n + j), whose rows must then be evenly spaced across sequences too.
 struct RowArray {
-  int64_t rows = 0;
+  int64_t rows = 0;        // every row: seqs x n for a 4-D array
   int64_t row_stride = 0;  // elements between rows; 0 = packed (heads * head_size)
+  int64_t per_seq = 0;     // 4-D: shape[1] (n); 0 for 2-D and 3-D arrays
 };
-RowArray require_rows(const Tensor& t, int64_t heads, int64_t head_size, const std::string& what);
+RowArray require_rows(const Tensor& t, int64_t heads, int64_t head_size, const std::string& what,
+                      bool allow_4d = false);
 
 /// The shape a KV cache of `spec` has in its layout (types.hpp): K and V differ under kVLLM.
 std::vector<int64_t> cache_shape(const dg::AttentionSpec& spec, int64_t num_blocks, bool key);

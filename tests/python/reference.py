@@ -81,6 +81,65 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tab
     return out
 
 
+def gather_positions(k_cache: np.ndarray, v_cache: np.ndarray, layout: str, table: np.ndarray,
+                     positions: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """K and V at the given token positions, one table lookup per token, as float64
+    [len(positions), kv_heads, head_size]: only the table entries of those positions are read."""
+    blocks = np.asarray(table, dtype=np.int64)[positions // block_size]
+    offs = positions % block_size
+    if layout == "vllm":
+        kb = k_cache[blocks, :, :, offs, :].astype(np.float64)  # [T, H, D/x, x]: d = (d / x) * x + d % x
+        k = kb.reshape(kb.shape[0], kb.shape[1], -1)
+        v = v_cache[blocks, :, :, offs].astype(np.float64)      # [T, H, D]
+    else:
+        k = k_cache[blocks, offs].astype(np.float64)            # [T, H, D]
+        v = v_cache[blocks, offs].astype(np.float64)
+    return k, v
+
+
+def attention_rows(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                   seq_lens: np.ndarray, layout: str, block_size: int, scale: float = 0.0,
+                   alibi: Optional[np.ndarray] = None, window: int = 0, softcap: float = 0.0,
+                   sinks: Optional[np.ndarray] = None) -> np.ndarray:
+    """Speculative steps: q [num_seqs, n, num_q_heads, head_size] -> out of that shape, float64.
+    Sequence i has L = seq_lens[i] tokens, its n new ones included; its row j is the query at
+    position p = L - n + j, which attends the positions t <= p (causal, bottom-right aligned), with a
+    sliding ``window`` W only t in (p - W, p]. ALiBi adds slope * (t - p); ``softcap`` c maps each
+    logit s to c tanh(s / c); ``sinks`` [num_q_heads] join each row's softmax denominator. Rows of
+    L = 0 are NaN (the library leaves them untouched). Written from the header's definition
+    (include/decodegraph/attention.hpp), row by row; it calls nothing else here."""
+    num_seqs, n, hq, d = q.shape
+    out = np.full((num_seqs, n, hq, d), np.nan)
+    scale = scale if scale > 0 else 1.0 / np.sqrt(d)
+    for i in range(num_seqs):
+        length = int(seq_lens[i])
+        if length == 0:
+            continue
+        assert length >= n, "the reference needs L >= n, as the library does"
+        # Every position some row reads: from row 0's window start (or 0) to L - 1.
+        lo = max(0, length - n - window + 1) if window > 0 else 0
+        k_all, v_all = gather_positions(k_cache, v_cache, layout, block_tables[i], np.arange(lo, length), block_size)
+        for j in range(n):
+            p = length - n + j
+            first = max(0, p - window + 1) if window > 0 else 0
+            pos = np.arange(first, p + 1)
+            k, v = k_all[first - lo:p + 1 - lo], v_all[first - lo:p + 1 - lo]
+            group = hq // k.shape[1]
+            for h in range(hq):
+                kh, vh = k[:, h // group, :], v[:, h // group, :]
+                qh = q[i, j, h].astype(np.float64)
+                s = scale * (kh @ qh)  # one logit per attended position
+                if alibi is not None:
+                    s = s + float(alibi[h]) * (pos - p)
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
+                sink = -np.inf if sinks is None else float(sinks[h])
+                m = max(float(s.max()), sink)
+                w = np.exp(s - m)
+                out[i, j, h] = (w[:, None] * vh).sum(axis=0) / (w.sum() + np.exp(sink - m))
+    return out
+
+
 def append(k_cache: np.ndarray, v_cache: np.ndarray, layout: str, key: np.ndarray, value: np.ndarray,
            slots: np.ndarray, block_size: int) -> None:
     """Writes each token's key/value [tokens, kv_heads, head_size] at its slot, in place; negative skips."""
@@ -97,10 +156,12 @@ def append(k_cache: np.ndarray, v_cache: np.ndarray, layout: str, key: np.ndarra
             v_cache[blk, off] = value[t]
 
 
-def check_close(out: np.ndarray, ref: np.ndarray, dtype_name: str, what: str = "out") -> None:
+def check_close(out: np.ndarray, ref: np.ndarray, dtype_name: str, what: str = "out",
+                tol: Optional[tuple[float, float]] = None) -> None:
     """Asserts |out - ref| <= atol + rtol |ref| on every element where ref is not NaN; on failure says
-    how many, the worst, the first few indices, and any NaN in out."""
-    atol, rtol = TOLERANCE[dtype_name]
+    how many, the worst, the first few indices, and any NaN in out. ``tol``: (atol, rtol) instead of
+    TOLERANCE[dtype_name]."""
+    atol, rtol = tol if tol is not None else TOLERANCE[dtype_name]
     got = np.asarray(out).astype(np.float64)
     mask = ~np.isnan(ref)
     err = np.abs(got - ref)
