@@ -81,12 +81,19 @@ void BadBlockReport::report(bool wait, long long steps, bool from_step) {
   const Decoded d = decode(v, cfg_.max_blocks_per_seq, q);
   const std::string seq = d.sequence >= 0 ? "sequence " + std::to_string(d.sequence) : "one sequence (not recorded)";
   const std::string row = d.sequence >= 0 ? std::to_string(d.sequence) : "?";
-  // The append's entry: [sequence] for q_len 1, else its index into [num_seqs, q_len] and the token.
+  // The append's entry: [sequence] for q_len 1, else its index into [num_seqs, q_len], named as
+  // kFull names it (staging.cpp). The lengths of that step are gone: the position stays symbolic.
   std::string slot = "inputs.slot_mapping[" + (d.token >= 0 ? std::to_string(d.token) : row) + "]";
-  if (d.token >= 0 && q != 1)
-    slot += q > 1 ? " (token " + std::to_string(d.token % q) + " of q_len " + std::to_string(q) + ")"
-                  : " (of a [num_seqs, q_len] slot mapping; q_len differed between those steps, so its sequence is "
-                    "not known)";
+  std::string position = "seq_len - 1";
+  if (d.token >= 0 && q > 1) {
+    const int j = d.token % q;
+    position = "seq_len - q_len + " + std::to_string(j);
+    slot += " (sequence " + std::to_string(d.sequence) + ", token " + std::to_string(j) + " of q_len " +
+            std::to_string(q) + ": position " + position + " = seq_len - " + std::to_string(q - j) + ")";
+  } else if (d.token >= 0 && q < 1) {
+    position = "seq_len - q_len + j";
+    slot += " (of a [num_seqs, q_len] slot mapping; q_len differed between those steps, so its sequence is not known)";
+  }
   const std::string when =
       from == steps ? "step " + std::to_string(steps)
                     : "one of steps " + std::to_string(from) + ".." + std::to_string(steps) + " (those since the last report)";
@@ -101,10 +108,12 @@ void BadBlockReport::report(bool wait, long long steps, bool from_step) {
       damage = "its attention output at that step is wrong (the token generated from it too)";
       break;
     case Kind::kSlotMismatch:
-      what = slot +
-             " was not the slot of position seq_len - 1 under its block-table row (seq_lens counts the token "
-             "appended this step; a slot of position seq_len, or lengths counted before the append, do this): "
-             "the append skipped it";
+      what = slot + " was not the slot of position " + position + " under its block-table row " +
+             (q == 1 ? "(seq_lens counts the token appended this step; a slot of position seq_len, or lengths "
+                       "counted before the append, do this)"
+                     : "(seq_lens counts every token appended this step; a slot one position late, or lengths "
+                       "counted before the append, do this)") +
+             ": the append skipped it";
       damage = "its new K/V was not written, so that step's output and every later one read a stale slot";
       break;
     case Kind::kSlotPastCache:

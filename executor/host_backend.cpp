@@ -120,7 +120,7 @@ void run_append_with_device_semantics(const AppendArgs& args) {
   for (int t = 0; t < args.num_tokens; ++t) {
     if (slots[t] < 0) continue;
     const int code = kernels::check_append_slot(slots[t], args.num_blocks, args.seq_lens, args.block_tables,
-                                                args.block_table_stride, args.spec.block_size, t);
+                                                args.block_table_stride, args.spec.block_size, t, args.tokens_per_seq);
     if (code == 0) continue;
     slots[t] = -1;
     if (args.bad_slot != nullptr && *args.bad_slot == 0) *args.bad_slot = code;

@@ -99,14 +99,13 @@ void Recorder::append(const BucketPlan& plan, int layer) {
   a.k_scale = lb.k_scale;  // NOTE(graph): fp8 scales are read when the append runs
   a.v_scale = lb.v_scale;
   // NOTE(graph): the staged lengths and tables: each slot is checked against its position (one
-  // compare per token) and a wrong one skipped and reported through the bad-block flag. AppendArgs
-  // takes one length and table row per token, so with q_len > 1 tokens per sequence only the
-  // cache-range check runs on the device (kFull checks every position on the host).
-  if (plan.q_len == 1) {
-    a.seq_lens = targets_.inputs.seq_lens;
-    a.block_tables = targets_.inputs.block_tables;
-    a.block_table_stride = cfg_.max_blocks_per_seq;
-  }
+  // compare per token; token j of sequence i at seq_lens[i] - q_len + j under row i) and a wrong one
+  // skipped and reported through the bad-block flag. Padded sequences' rows (length 0, a stale
+  // table row) are never read: their tokens, and skipped ones, carry slot -1.
+  a.seq_lens = targets_.inputs.seq_lens;
+  a.block_tables = targets_.inputs.block_tables;
+  a.block_table_stride = cfg_.max_blocks_per_seq;
+  a.tokens_per_seq = plan.q_len;
   a.bad_slot = targets_.bad_block;
   backend_.append(a);
 }

@@ -109,7 +109,8 @@ int StepStaging::check_lengths(const StepInputs& in, const int32_t* lens) const 
 }
 
 // kFull: every block id a length uses (from the first block some layer's window reads: entries
-// before it may hold any id, as vLLM's freed blocks do), and every slot (range, and the position seq_len - 1).
+// before it may hold any id, as vLLM's freed blocks do), and every slot (range, and its position:
+// seq_len - 1, or seq_len - q_len + j for token j of q_len).
 void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* lens) {
   const int n = in.num_seqs;
   const int bs = cfg_.spec.block_size;
@@ -160,7 +161,8 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
     const int len = lens[i] - q + 1 + t % q;
     if (slots[t] < 0 || position_slot_ok(slots[t], len, row, in.block_table_stride, bs, cfg_.num_blocks)) continue;
     require_position_slot(slot_name(t), slots[t], len, row, in.block_table_stride, bs, cfg_.num_blocks,
-                          "inputs.block_tables[" + std::to_string(i) + "]");
+                          "inputs.block_tables[" + std::to_string(i) + "]",
+                          q > 1 ? "seq_len - q_len + " + std::to_string(t % q) : "seq_len - 1");
   }
 }
 

@@ -4,8 +4,9 @@
 // s % block_size; key[i] / value[i] ([kv_heads, head_size]) go to that (block, offset) of k_cache /
 // v_cache in the spec's layout. A negative slot (padding) is skipped, and so is a slot at or past
 // num_blocks * block_size (never written out of bounds; validation with host_slot_mapping rejects
-// it). With seq_lens and block tables (the executor's staged inputs) a slot that is not that of
-// position seq_len - 1 under the token's row (or whose table entry is a bad block id) is skipped too
+// it). With seq_lens and block tables (the executor's staged inputs; one row per tokens_per_seq
+// consecutive tokens, token j of a sequence at position seq_len - tokens_per_seq + j) a slot that is
+// not that of its position under its sequence's row (or whose table entry is a bad block id) is skipped too
 // (it would overwrite some other position, perhaps another sequence's); a skipped slot is reported
 // in bad_slot (append_report.hpp: one compare per token). key / value rows are key_stride / value_stride elements apart (a fused
 // QKV buffer).
@@ -78,7 +79,8 @@ __device__ __forceinline__ void append_kv_body(const AppendParams& p) {
   const int64_t slot = p.slot_mapping[token];
   if (slot < 0) return;  // padding token
   const int report =
-      check_append_slot(slot, p.num_blocks, p.seq_lens, p.block_tables, p.block_table_stride, p.block_size, token);
+      check_append_slot(slot, p.num_blocks, p.seq_lens, p.block_tables, p.block_table_stride, p.block_size, token,
+                        p.tokens_per_seq);
   if (report != 0) {  // skipped: outside the cache, not the position's slot, or a bad block id there
     if (p.bad_slot != nullptr && threadIdx.x == 0) atomicCAS(p.bad_slot, 0, report);
     return;

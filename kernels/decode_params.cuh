@@ -128,16 +128,18 @@ struct AppendParams {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   const int64_t* slot_mapping = nullptr;  // [num_tokens]
-  /// Optional (both or neither): the tokens' lengths and block-table rows; a slot that is not that
-  /// of position seq_len - 1 is skipped and reported (kernels/append_report.hpp).
-  const int32_t* seq_lens = nullptr;      // [num_tokens]
-  const int32_t* block_tables = nullptr;  // [num_tokens, block_table_stride]
+  /// Optional (both or neither): the lengths and block-table rows of the tokens' sequences, one per
+  /// tokens_per_seq consecutive tokens; a slot that is not that of its position seq_len -
+  /// tokens_per_seq + j is skipped and reported (kernels/append_report.hpp).
+  const int32_t* seq_lens = nullptr;      // [num_tokens / tokens_per_seq]
+  const int32_t* block_tables = nullptr;  // [num_tokens / tokens_per_seq, block_table_stride]
   /// Optional: the first skipped slot's report code (append_report_code; first writer wins).
   int* bad_slot = nullptr;
   int64_t key_stride = 0;                 // resolved (never 0 here)
   int64_t value_stride = 0;
   int num_blocks = 0;  // slots at or past num_blocks * block_size are skipped
   int block_table_stride = 0;
+  int tokens_per_seq = 1;  // AppendArgs::tokens_per_seq (q_len)
   int num_tokens = 0;
   int num_kv_heads = 0;
   int head_size = 0;

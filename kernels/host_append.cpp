@@ -4,14 +4,16 @@
 // when the caches share the dtype of key/value; fp8 caches store the code of x / scale (fp32
 // division, then numeric.hpp's rounding to nearest even, saturated: the device append's function).
 // Negative slots are skipped. Every slot is checked before anything is written: against the cache,
-// and with seq_lens / block_tables against the position seq_len - 1 of its sequence
-// (kernels/append_report.hpp; the kernel skips and reports instead).
+// and with seq_lens / block_tables against its position in its sequence (seq_len - 1, or
+// seq_len - tokens_per_seq + j for token j of a group; kernels/append_report.hpp; the kernel skips
+// and reports instead).
 #include <cstdint>
 #include <cstring>
 #include <string>
 
 #include "decodegraph/attention.hpp"
 #include "decodegraph/numeric.hpp"
+#include "kernels/append_report.hpp"
 #include "kernels/decode_math.hpp"
 #include "kernels/validate.hpp"
 
@@ -23,16 +25,26 @@ void append_kv(const AppendArgs& args) {
   checked.host_slot_mapping = args.slot_mapping;
   validate_append_args(checked);
   if (args.block_tables != nullptr) {
+    const int n = args.tokens_per_seq;
     for (int t = 0; t < args.num_tokens; ++t) {
-      const int32_t* tr = args.block_tables + static_cast<int64_t>(t) * args.block_table_stride;
+      // Token j of sequence i, at position seq_lens[i] - n + j (append_report.hpp).
+      const int i = t / n, j = t % n;
+      const int32_t* tr = args.block_tables + static_cast<int64_t>(i) * args.block_table_stride;
+      const int len = kernels::token_position_len(args.seq_lens[i], n, j);
       if (args.slot_mapping[t] < 0 ||
-          detail::position_slot_ok(args.slot_mapping[t], args.seq_lens[t], tr, args.block_table_stride,
-                                   args.spec.block_size, args.num_blocks))
+          detail::position_slot_ok(args.slot_mapping[t], len, tr, args.block_table_stride, args.spec.block_size,
+                                   args.num_blocks))
         continue;
-      const std::string row = "block_tables[" + std::to_string(t) + "]";
-      detail::require_position_slot("slot_mapping[" + std::to_string(t) + "]", args.slot_mapping[t], args.seq_lens[t],
-                                    args.block_tables + static_cast<int64_t>(t) * args.block_table_stride,
-                                    args.block_table_stride, args.spec.block_size, args.num_blocks, row);
+      std::string param = "slot_mapping[" + std::to_string(t) + "]";
+      std::string position = "seq_len - 1";
+      if (n > 1) {
+        position = "seq_len - tokens_per_seq + " + std::to_string(j);
+        param += " (sequence " + std::to_string(i) + ", token " + std::to_string(j) + " of tokens_per_seq " +
+                 std::to_string(n) + ")";
+      }
+      detail::require_position_slot(param, args.slot_mapping[t], len, tr, args.block_table_stride,
+                                    args.spec.block_size, args.num_blocks, "block_tables[" + std::to_string(i) + "]",
+                                    position);
     }
   }
   const AttentionSpec& s = args.spec;

@@ -191,6 +191,7 @@ void append_kv(const AppendArgs& args, Stream stream) {
   p.seq_lens = args.seq_lens;
   p.block_tables = args.block_tables;
   p.block_table_stride = args.block_table_stride;
+  p.tokens_per_seq = args.tokens_per_seq;
   p.bad_slot = args.bad_slot;
   p.key_stride = detail::key_row_stride(args);
   p.value_stride = detail::value_row_stride(args);

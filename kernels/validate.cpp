@@ -179,23 +179,24 @@ V2WorkspaceLayout detail::validate_v2_args(const DecodeArgs& args, int partition
 
 void detail::require_position_slot(const std::string& param, int64_t slot, int len, const int32_t* row,
                                    int block_table_stride, int block_size, int num_blocks,
-                                   const std::string& row_name) {
+                                   const std::string& row_name, const std::string& position) {
+  const std::string counts = position == "seq_len - 1" ? "the token" : "every token";
   if (len >= 1 && (len - 1) / block_size < block_table_stride) {
     const int col = (len - 1) / block_size;
     require(row[col] >= 0 && row[col] < num_blocks, row_name + "[" + std::to_string(col) + "]", row[col],
-            "0..num_blocks-1 = 0.." + std::to_string(num_blocks - 1) + " (the block of position seq_len - 1 = " +
-                std::to_string(len - 1) + ", where " + param + " = " + std::to_string(slot) + " goes)");
+            "0..num_blocks-1 = 0.." + std::to_string(num_blocks - 1) + " (the block of position " + position +
+                " = " + std::to_string(len - 1) + ", where " + param + " = " + std::to_string(slot) + " goes)");
   }
   const int64_t want = kernels::position_slot(len, row, block_table_stride, block_size);
   if (slot == want) return;
   if (want < 0)
     throw_invalid(param, slot,
-                  "negative (skip): its sequence has no position seq_len - 1 = " + std::to_string(len - 1) +
+                  "negative (skip): its sequence has no position " + position + " = " + std::to_string(len - 1) +
                       " within its block-table row of " + std::to_string(block_table_stride) + " entries");
   const int pos = len - 1, col = pos / block_size, off = pos % block_size;
   throw_invalid(param, slot,
-                "negative (skip) or the slot of position seq_len - 1 = " + std::to_string(pos) +
-                    " (seq_lens counts the token appended this step): " + row_name + "[" + std::to_string(col) +
+                "negative (skip) or the slot of position " + position + " = " + std::to_string(pos) +
+                    " (seq_lens counts " + counts + " appended this step): " + row_name + "[" + std::to_string(col) +
                     "] * block_size + " + std::to_string(off) + " = " + std::to_string(row[col]) + " * " +
                     std::to_string(block_size) + " + " + std::to_string(off) + " = " + std::to_string(want));
 }
@@ -226,11 +227,16 @@ void validate_append_args(const AppendArgs& a) {
           ptr_text(a.block_tables),
           std::string("null with seq_lens null, non-null with seq_lens given (seq_lens = ") + ptr_text(a.seq_lens) +
               "): the slot check needs both");
+  require(a.tokens_per_seq >= 1 && a.tokens_per_seq <= kMaxQLen, "tokens_per_seq", a.tokens_per_seq,
+          "1 .. kMaxQLen = 1 .. " + std::to_string(kMaxQLen) + " consecutive tokens per sequence");
   if (a.block_tables != nullptr) {
     require_ptr(a.seq_lens, "seq_lens", alignof(int32_t));
     require_ptr(a.block_tables, "block_tables", alignof(int32_t));
     require(a.block_table_stride > 0, "block_table_stride", a.block_table_stride,
             "a positive integer with block_tables given");
+    require(a.num_tokens % a.tokens_per_seq == 0, "num_tokens", a.num_tokens,
+            "a multiple of tokens_per_seq = " + std::to_string(a.tokens_per_seq) +
+                " with seq_lens given (num_tokens / tokens_per_seq sequences of tokens_per_seq tokens each)");
   }
   if (a.bad_slot != nullptr) {
     require_ptr(a.bad_slot, "bad_slot", alignof(int));

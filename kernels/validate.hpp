@@ -23,10 +23,12 @@ void check_host_scales(const AttentionSpec& spec, const float* k_scale, const fl
 void check_host_sinks(const AttentionSpec& spec, const float* sinks);
 /// Throws InvalidArgument naming `param` unless `slot` is the slot of position len - 1 under `row`
 /// (kernels/append_report.hpp position_slot), and that position's block id (naming the entry)
-/// unless it is in [0, num_blocks); `row_name` names the row in the message ("block_tables[3]").
-/// Shared by host::append_kv and the executor's kFull check.
+/// unless it is in [0, num_blocks); `row_name` names the row in the message ("block_tables[3]"),
+/// `position` says which position len - 1 is ("seq_len - 1"; for token 2 of q_len tokens
+/// "seq_len - q_len + 2"). Shared by host::append_kv and the executor's kFull check.
 void require_position_slot(const std::string& param, int64_t slot, int len, const int32_t* row,
-                           int block_table_stride, int block_size, int num_blocks, const std::string& row_name);
+                           int block_table_stride, int block_size, int num_blocks, const std::string& row_name,
+                           const std::string& position = "seq_len - 1");
 /// What require_position_slot accepts, without forming a message: callers check each token with it
 /// and name only a token that fails (the checks run per token of every kFull or host-append step).
 bool position_slot_ok(int64_t slot, int len, const int32_t* row, int block_table_stride, int block_size,

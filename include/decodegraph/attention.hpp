@@ -131,11 +131,14 @@ void validate_partition_size(const AttentionSpec& spec, int partition_size);
 ///
 /// What is checked. Without seq_lens / block_tables (the vLLM call) only the cache bound: the
 /// device skips a slot past the cache (reported in bad_slot when given), host:: throws. With them,
-/// token i's slot must also be the slot of position seq_lens[i] - 1 under block-table row i
-/// (seq_lens counting the token appended): block_tables[i][(len - 1) / block_size] * block_size +
-/// (len - 1) % block_size, and that table entry a block id in [0, num_blocks). The device skips a
-/// token whose slot differs (so a wrong slot never overwrites another sequence's token) and reports
-/// it in bad_slot, which is then required; host:: throws InvalidArgument before writing anything.
+/// each token's slot must also be the slot of its position under its sequence's block-table row,
+/// and that table entry a block id in [0, num_blocks). Tokens come in groups of n = tokens_per_seq
+/// consecutive tokens of one sequence (a step of q_len = n tokens per sequence, slot_mapping
+/// [num_seqs, n]): token t is token j = t % n of sequence i = t / n, at position
+/// p = seq_lens[i] - n + j (seq_lens counting the n tokens appended; n = 1: p = seq_lens[t] - 1),
+/// slot block_tables[i][p / block_size] * block_size + p % block_size. The device skips a token
+/// whose slot differs (so a wrong slot never overwrites another sequence's token) and reports it in
+/// bad_slot, which is then required; host:: throws InvalidArgument before writing anything.
 struct AppendArgs {
   AttentionSpec spec;
   int num_tokens = 0;
@@ -156,18 +159,23 @@ struct AppendArgs {
   const float* v_scale = nullptr;
   /// Optional host copy of slot_mapping, range-checked against num_blocks * block_size when given.
   const int64_t* host_slot_mapping = nullptr;
-  /// Optional, both or neither: int32 [num_tokens] lengths (including the appended token) and
-  /// [num_tokens, block_table_stride] block tables of the tokens' sequences, in the memory of the
-  /// call (device for the CUDA launcher): each slot is checked against its position (see above).
+  /// Optional, both or neither: int32 [num_tokens / tokens_per_seq] lengths (including the tokens
+  /// appended) and [num_tokens / tokens_per_seq, block_table_stride] block tables of the tokens'
+  /// sequences, in the memory of the call (device for the CUDA launcher): each slot is checked
+  /// against its position (see above).
   const int32_t* seq_lens = nullptr;
   const int32_t* block_tables = nullptr;
   int block_table_stride = 0;  // entries per row, >= 1 when block_tables is given
+  /// Consecutive tokens per sequence (q_len) for the position check: 1..kMaxQLen; with seq_lens
+  /// given num_tokens must be a multiple of it. 1: one length and table row per token (vLLM's
+  /// decode). Unused without seq_lens / block_tables.
+  int tokens_per_seq = 1;
   /// Optional device int (CUDA launcher; required there with block_tables). The first token whose
   /// slot is skipped stores a code here (atomicCAS from 0): -(2 * token + kind), kind 1: not the
   /// slot of its position, kind 2: past the cache; or, when the position's block-table entry is
   /// itself outside [0, num_blocks), that entry as DecodeArgs::bad_block reports it
-  /// ((token * block_table_stride + column) + 1), so both can share one int. The caller zeroes it
-  /// and reads it after the launch.
+  /// (((token / tokens_per_seq) * block_table_stride + column) + 1: its sequence's row), so both
+  /// can share one int. The caller zeroes it and reads it after the launch.
   int* bad_slot = nullptr;
 };
 void validate_append_args(const AppendArgs& args);

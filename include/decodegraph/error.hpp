@@ -49,7 +49,8 @@ class CorruptedStepReport : public InvalidArgument {
  public:
   enum class Kind : int {
     kBadBlockId = 0,     // block_tables[sequence][block_table_column] outside [0, num_blocks)
-    kSlotMismatch = 1,   // slot_mapping[sequence] is not the slot of position seq_len - 1
+    kSlotMismatch = 1,   // slot_mapping[sequence] is not the slot of position seq_len - 1 (q_len > 1: an
+                         // entry (sequence, j) not that of position seq_len - q_len + j)
     kSlotPastCache = 2,  // slot_mapping[sequence] >= num_blocks * block_size
   };
   CorruptedStepReport(const std::string& what, Kind kind, long long first_step, long long last_step,

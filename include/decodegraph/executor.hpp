@@ -354,8 +354,8 @@ struct StepInputs {
   /// p = seq_len - q_len + j, block_tables[i][p / block_size] * block_size + p % block_size, or a
   /// negative value to skip that token's append (q_len 1: [num_seqs], position seq_len - 1).
   /// Required when KV append runs. kFull checks every position before the step; kCheap's append
-  /// skips a slot past the cache and reports it (CorruptedStepReport), and for q_len 1 also a slot
-  /// that is not its position's (for q_len > 1 that compare is not made on the device: kFull's).
+  /// skips a slot past the cache or not that of its token's position and reports it
+  /// (CorruptedStepReport naming the entry, its sequence and, for q_len > 1, its token).
   const int64_t* slot_mapping = nullptr;
   MemorySpace space = MemorySpace::kHost;
   /// Optional upper bound on every seq_len of this step (0 = none). The block-table columns staged
@@ -586,7 +586,8 @@ class Executor {
   void rebind_layers(std::vector<LayerBuffers> layers);
   /// Waits for the last step to finish (a sync point; host: returns at once) and throws
   /// CorruptedStepReport if any step since the last report read a block id outside [0, num_blocks)
-  /// or was given a slot past the cache or not that of position seq_len - 1 (possible under kCheap,
+  /// or was given a slot past the cache or not that of its position (seq_len - 1; token j of q_len:
+  /// seq_len - q_len + j) (possible under kCheap,
   /// which leaves ids and slots to the caller; the kernels clamp such an id and skip such a slot, so
   /// that sequence's output or new K/V is wrong). It names the sequence, the steps and what to do.
   /// The report is then cleared; the executor stays usable.

@@ -244,7 +244,8 @@ TEST(QLenBadInput, EachBadStepIsAClearErrorAndTheExecutorStaysUsable) {
   shifted_in.slot_mapping = shifted.data();
   EXPECT_TRUE(rejects([&] { ex.step(shifted_in); },
                       {"inputs.slot_mapping[9] (sequence 2, token 1 of q_len 4: position seq_len - q_len + 1 = 697)",
-                       "= " + std::to_string(w.slots[9])}));
+                       "= " + std::to_string(w.slots[9]), "the slot of position seq_len - q_len + 1 = 697",
+                       "seq_lens counts every token appended this step"}));
   valid_step(4);
   valid_step(1);
   EXPECT_EQ(ex.stats().rejected_steps, 5);
@@ -283,7 +284,9 @@ TEST(QLenBadInput, KCheapSkipsASlotPastTheCacheAndStagesTheWholeSlotMapping) {
   w.fill_step(ex);
   ex.step(w.inputs());
   EXPECT_TRUE(rejects([&] { ex.check_errors(); },
-                      {"slot_past_cache, sequence 3", "inputs.slot_mapping[14] (token 2 of q_len 4) was at or past"}));
+                      {"slot_past_cache, sequence 3",
+                       "inputs.slot_mapping[14] (sequence 3, token 2 of q_len 4: position seq_len - q_len + 2 = "
+                       "seq_len - 2) was at or past"}));
   w.slots[14] = -1;  // the skipped token: not in the cache, the others are
   EXPECT_TRUE(w.check_appended(ex, 0));
   w.set_lens({41, 5, 701, 130}, 4);

@@ -2,9 +2,9 @@
 // check_errors() as a CorruptedStepReport naming the sequence (issue 24), on the host backend:
 // a slot of position seq_len instead of seq_len - 1, seq_lens that do not count the new token, a
 // slot past the cache, and a bad block id; the wrong slot is never written, the other sequences
-// stay right. Also: plan_for() of a step whose band the graph chose on the device, the graph and
-// launch numbering of StepResult / GraphStats / BucketPlan, and the host backend's warning for
-// caches without sizes.
+// stay right; the same for a draft token of a q_len 4 step. Also: plan_for() of a step whose band
+// the graph chose on the device, the graph and launch numbering of StepResult / GraphStats /
+// BucketPlan, and the host backend's warning for caches without sizes.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -186,6 +186,100 @@ TEST(SlotReport, CheckErrorsReportsItAndKFullRejectsItBeforeTheStep) {
                        {"inputs.slot_mapping[0]", "the slot of position seq_len - 1 = 19"});
   EXPECT_EQ(ex.stats().steps, 0);
 }
+
+// q_len > 1 (speculative steps, q_lens {1, 4}) under the default kCheap: the append checks every
+// token against its own position seq_len - q_len + j (AppendArgs::tokens_per_seq), so a wrong slot
+// at a draft token (j = 2 of sequence 1) is skipped, the sequence's other tokens and the other
+// sequences are appended, and the next step() names the entry, its sequence and its token. The
+// wrong slot is the slot of position seq_len (one past the step's last token) or a slot of
+// sequence 0's history; neither is written. Submitted again, the step runs, and so does a q_len 1
+// step after it.
+enum class DraftMistake { kSlotOfPositionSeqLen, kAnotherSequencesSlot };
+
+struct DraftCase {
+  DraftMistake mistake;
+  BandSelect band_select;
+};
+
+class DraftSlotReport : public ::testing::TestWithParam<DraftCase> {};
+
+TEST_P(DraftSlotReport, KCheapSkipsADraftTokensWrongSlotAndTheNextStepNamesIt) {
+  const DraftCase c = GetParam();
+  World w(spec(), 2, 4, 1024, 269);
+  ExecutorConfig cfg = w.config(4, 1024);
+  cfg.q_lens = {1, 4};
+  ASSERT_EQ(ExecutorConfig{}.validation, ValidationLevel::kCheap) << "the default level";
+  cfg.validation = ValidationLevel::kCheap;  // World::config asks for kFull
+  cfg.band_select = c.band_select;
+  Executor ex(cfg);
+  w.set_lens({40, 33, 7}, 4);
+  w.fill_step(ex);
+  ex.step(w.inputs());  // a good step first
+  ASSERT_TRUE(w.check_layer(ex, 0));
+  ASSERT_TRUE(w.check_appended(ex, 0));
+  ex.check_errors();
+
+  w.set_lens({44, 37, 11}, 4);
+  const int bad_t = 1 * 4 + 2;  // sequence 1, token 2: position 37 - 4 + 2 = 35
+  const int64_t good_slot = w.slots[bad_t];
+  ASSERT_EQ(good_slot, w.slot_of(1, 35));
+  const int64_t wrong_slot = w.slots[bad_t] =
+      c.mistake == DraftMistake::kSlotOfPositionSeqLen ? w.slot_of(1, 37) : w.slot_of(0, 10);
+  w.fill_step(ex);
+  const std::vector<unsigned char> before = cache_bytes(w, 0);
+  EXPECT_NO_THROW(ex.step(w.inputs())) << "kCheap runs the step";
+  const std::vector<unsigned char> after = cache_bytes(w, 0);
+  EXPECT_FALSE(slot_changed(w, before, after, good_slot)) << "the skipped token must not be written";
+  EXPECT_FALSE(slot_changed(w, before, after, wrong_slot)) << "the wrong slot must not be written";
+  for (int t = 0; t < 12; ++t)
+    if (t != bad_t) EXPECT_TRUE(slot_changed(w, before, after, w.slots[t])) << "token " << t << " is appended";
+  std::vector<double> ref = w.reference(0, ex.query(0));
+  // fp32 host attention against the float64 reference (as SlotReport): fp32 sums over <= 44 tokens.
+  EXPECT_TRUE(dgtest::check_close(w.spec.dtype, ex.output(0), ref.data(), 12, 8, 64, 2e-5, 1e-4,
+                                  {true, true, true, true, false, false, false, false, true, true, true, true}))
+      << "the other sequences are right";
+
+  w.set_lens({45, 38, 12}, 1);
+  w.fill_step(ex);
+  const CorruptedStepReport r = report_of([&] { ex.step(w.inputs()); });
+  EXPECT_EQ(r.kind(), CorruptedStepReport::Kind::kSlotMismatch);
+  EXPECT_EQ(r.sequence(), 1);
+  EXPECT_EQ(r.block_table_column(), -1);
+  EXPECT_EQ(r.first_step(), 2);
+  EXPECT_EQ(r.last_step(), 2);
+  EXPECT_TRUE(r.step_refused());
+  const std::string msg = r.what();
+  for (const std::string part :
+       {"slot_mismatch, sequence 1, step 2",
+        "inputs.slot_mapping[6] (sequence 1, token 2 of q_len 4: position seq_len - q_len + 2 = seq_len - 2)",
+        "was not the slot of position seq_len - q_len + 2 under its block-table row", "Re-prefill sequence 1",
+        "submit its inputs again"})
+    EXPECT_TRUE(contains(msg, part)) << "'" << part << "' not in: " << msg;
+  EXPECT_EQ(ex.stats().rejected_steps, 1);
+  EXPECT_EQ(ex.stats().bad_block_reports, 1);
+  ex.step(w.inputs());  // submitted again, it runs
+  EXPECT_NO_THROW(ex.check_errors());
+  EXPECT_TRUE(w.check_appended(ex, 0));
+  EXPECT_TRUE(w.check_layer(ex, 0));
+  w.set_lens({49, 42, 16}, 4);  // and a q_len 4 step after it
+  w.fill_step(ex);
+  ex.step(w.inputs());
+  EXPECT_NO_THROW(ex.check_errors());
+  EXPECT_TRUE(w.check_appended(ex, 0));
+  EXPECT_TRUE(w.check_layer(ex, 0));
+  EXPECT_EQ(ex.stats().steps, 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Host, DraftSlotReport,
+                         ::testing::Values(DraftCase{DraftMistake::kSlotOfPositionSeqLen, BandSelect::kDevice},
+                                           DraftCase{DraftMistake::kSlotOfPositionSeqLen, BandSelect::kHost},
+                                           DraftCase{DraftMistake::kAnotherSequencesSlot, BandSelect::kDevice}),
+                         [](const ::testing::TestParamInfo<DraftCase>& info) {
+                           return std::string(info.param.mistake == DraftMistake::kSlotOfPositionSeqLen
+                                                  ? "SlotOfPositionSeqLen"
+                                                  : "AnotherSequencesSlot") +
+                                  "_" + to_string(info.param.band_select);
+                         });
 
 // The bad-block report is the same kind, with the table column.
 TEST(BadBlockReport, IsACorruptedStepReportWithTheColumn) {

@@ -1033,6 +1033,140 @@ TEST(GpuKernels, AppendKvSkipsAndReportsSlotsNotAtTheirPosition) {
   }
 }
 
+// tokens_per_seq = 4 (a q_len 4 step: slot_mapping [num_seqs, 4], one length and table row per
+// sequence): token j of sequence i is checked against position seq_lens[i] - 4 + j. A draft
+// token's slot one position late, another sequence's slot, lengths not counting the step's tokens
+// and a slot past the cache are skipped and reported as -(2 * token + kind) with the token's flat
+// index; a bad block id at a position as the attention reports it, in the sequence's row
+// ((sequence * stride + column) + 1). A padded sequence (length 0, slots -1, a junk table row) and a
+// rejected draft (slot -1) are never read. Everything else matches the host append bit for bit.
+TEST(GpuKernels, AppendKvChecksEachTokenOfASequencesGroupAgainstItsPosition) {
+  DG_REQUIRE_GPU();
+  for (KVLayout layout : kLayouts) {
+    const AttentionSpec s = make_spec(DType::kFloat16, 96, 16, layout, 6, 3);
+    const int n = 4, bs = s.block_size, stride = 4, num_seqs = 5, num_tokens = num_seqs * n;
+    const int num_blocks = num_seqs * stride + 2;
+    const int64_t num_slots = static_cast<int64_t>(num_blocks) * bs;
+    std::mt19937_64 rng(1400 + static_cast<int>(layout));
+    const std::size_t cn = static_cast<std::size_t>(num_blocks) * s.block_elems();
+    const std::size_t tn = static_cast<std::size_t>(num_tokens) * s.num_kv_heads * s.head_size;
+    auto kc = dgtest::make_buffer(s.dtype, cn), vc = dgtest::make_buffer(s.dtype, cn);
+    auto key = dgtest::make_buffer(s.dtype, tn), value = dgtest::make_buffer(s.dtype, tn);
+    dgtest::fill_uniform(s.dtype, kc.data(), cn, rng);
+    dgtest::fill_uniform(s.dtype, vc.data(), cn, rng);
+    dgtest::fill_uniform(s.dtype, key.data(), tn, rng, -3.f, 3.f);
+    dgtest::fill_uniform(s.dtype, value.data(), tn, rng, -3.f, 3.f);
+    // Shuffled distinct blocks; sequence 1's tokens straddle a block edge (positions 15..18).
+    std::vector<int32_t> ids(num_blocks);
+    for (int b = 0; b < num_blocks; ++b) ids[b] = b;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<int32_t> tables(ids.begin(), ids.begin() + num_seqs * stride);
+    for (int j = 0; j < stride; ++j) tables[4 * stride + j] = j % 2 ? -3 : num_blocks + 7;  // padded: junk
+    const std::vector<int32_t> good_lens = {4, 19, 50, 64, 0};
+    auto slot_of = [&](int i, int pos) { return static_cast<int64_t>(tables[i * stride + pos / bs]) * bs + pos % bs; };
+    std::vector<int64_t> good_slots(num_tokens, -1);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < n; ++j) good_slots[i * n + j] = slot_of(i, good_lens[i] - n + j);
+    good_slots[2 * n + 3] = -1;  // a rejected draft of sequence 2
+
+    struct Case {
+      const char* what;
+      std::vector<int> skipped;  // tokens the append must skip
+      std::vector<int> reports;  // any of these flag values (one token's report wins)
+    };
+    const Case cases[] = {
+        {"clean", {}, {0}},
+        {"draft token 2 of sequence 1 one position late", {1 * n + 2}, {-(2 * (1 * n + 2) + 1)}},
+        {"token 1 of sequence 3 at sequence 0's slot", {3 * n + 1}, {-(2 * (3 * n + 1) + 1)}},
+        {"sequence 3's length not counting the step's 4 tokens",
+         {12, 13, 14, 15},
+         {-(2 * 12 + 1), -(2 * 13 + 1), -(2 * 14 + 1), -(2 * 15 + 1)}},
+        {"token 3 of sequence 0 past the cache", {3}, {-(2 * 3 + 2)}},
+        {"a bad block id under tokens 1..3 of sequence 1", {5, 6, 7}, {1 * stride + 1 + 1}},
+    };
+    DevBuf dk(kc.bytes), dv(vc.bytes), dkey(key.bytes), dval(value.bytes), dslots(num_tokens * 8),
+        dlens(num_seqs * 4), dtables(tables.size() * 4), flag(sizeof(int));
+    dkey.upload(key.data(), key.bytes);
+    dval.upload(value.data(), value.bytes);
+    for (std::size_t ci = 0; ci < std::size(cases); ++ci) {
+      const Case& c = cases[ci];
+      SCOPED_TRACE(describe(s) + ": " + c.what);
+      std::vector<int32_t> lens = good_lens;
+      std::vector<int64_t> slots = good_slots;
+      std::vector<int32_t> bad_tables = tables;
+      if (ci == 1) slots[1 * n + 2] = slot_of(1, 19 - n + 2 + 1);
+      if (ci == 2) slots[3 * n + 1] = slot_of(0, 1);
+      if (ci == 3) lens[3] -= n;
+      if (ci == 4) slots[3] = num_slots + 5;
+      if (ci == 5) bad_tables[1 * stride + 1] = num_blocks;
+      dtables.upload(bad_tables.data(), bad_tables.size() * 4);
+      // Expected caches: the host append of every token but the skipped ones.
+      auto ek = dgtest::make_buffer(s.dtype, cn), ev = dgtest::make_buffer(s.dtype, cn);
+      std::memcpy(ek.data(), kc.data(), kc.bytes);
+      std::memcpy(ev.data(), vc.data(), vc.bytes);
+      std::vector<int64_t> expect_slots = slots;
+      for (int t : c.skipped) expect_slots[t] = -1;
+      AppendArgs h;
+      h.spec = s;
+      h.num_tokens = num_tokens;
+      h.num_blocks = num_blocks;
+      h.key = key.data();
+      h.value = value.data();
+      h.k_cache = ek.data();
+      h.v_cache = ev.data();
+      h.slot_mapping = expect_slots.data();
+      host::append_kv(h);
+
+      dk.upload(kc.data(), kc.bytes);
+      dv.upload(vc.data(), vc.bytes);
+      dslots.upload(slots.data(), num_tokens * 8);
+      dlens.upload(lens.data(), num_seqs * 4);
+      const int zero = 0;
+      flag.upload(&zero, sizeof zero);
+      AppendArgs d = h;
+      d.key = dkey.ptr;
+      d.value = dval.ptr;
+      d.k_cache = dk.ptr;
+      d.v_cache = dv.ptr;
+      d.slot_mapping = static_cast<const int64_t*>(dslots.ptr);
+      d.seq_lens = static_cast<const int32_t*>(dlens.ptr);
+      d.block_tables = static_cast<const int32_t*>(dtables.ptr);
+      d.block_table_stride = stride;
+      d.tokens_per_seq = n;
+      d.bad_slot = static_cast<int*>(flag.ptr);
+      append_kv(d, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      int seen = 1;
+      flag.download(&seen, sizeof seen);
+      EXPECT_NE(std::find(c.reports.begin(), c.reports.end(), seen), c.reports.end()) << "flag " << seen;
+      auto gk = dgtest::make_buffer(s.dtype, cn), gv = dgtest::make_buffer(s.dtype, cn);
+      dk.download(gk.data(), gk.bytes);
+      dv.download(gv.data(), gv.bytes);
+      EXPECT_EQ(0, std::memcmp(gk.data(), ek.data(), ek.bytes)) << "K cache: a wrong slot was written, or a good one not";
+      EXPECT_EQ(0, std::memcmp(gv.data(), ev.data(), ev.bytes)) << "V cache: a wrong slot was written, or a good one not";
+    }
+    // num_tokens must be whole groups of tokens_per_seq; tokens_per_seq within 1..kMaxQLen.
+    AppendArgs d;
+    d.spec = s;
+    d.num_tokens = num_tokens - 1;
+    d.num_blocks = num_blocks;
+    d.key = dkey.ptr;
+    d.value = dval.ptr;
+    d.k_cache = dk.ptr;
+    d.v_cache = dv.ptr;
+    d.slot_mapping = static_cast<const int64_t*>(dslots.ptr);
+    d.seq_lens = static_cast<const int32_t*>(dlens.ptr);
+    d.block_tables = static_cast<const int32_t*>(dtables.ptr);
+    d.block_table_stride = stride;
+    d.tokens_per_seq = n;
+    d.bad_slot = static_cast<int*>(flag.ptr);
+    dgtest::expect_error([&] { append_kv(d, nullptr); }, {"num_tokens = 19", "a multiple of tokens_per_seq = 4"});
+    d.num_tokens = num_tokens;
+    d.tokens_per_seq = kMaxQLen + 1;
+    dgtest::expect_error([&] { append_kv(d, nullptr); }, {"tokens_per_seq = 17", "1 .. kMaxQLen"});
+  }
+}
+
 // ---------------------------------------------------------------- errors and the fault seam
 
 TEST(GpuKernels, LaunchFaultSeamAndWorkspaceCheck) {

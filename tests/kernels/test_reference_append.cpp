@@ -298,3 +298,188 @@ TEST(AppendSlotCheck, HostAppendRejectsASlotNotAtItsPosition) {
 }
 
 }  // namespace
+
+namespace {
+
+// Groups of tokens_per_seq = n consecutive tokens (a q_len = n step, slot_mapping [num_seqs, n]):
+// token j of sequence i goes to position seq_lens[i] - n + j under block-table row i. The slots the
+// test computes from that rule (plain loops, test-local layout offsets) are written bit for bit;
+// negative slots (rejected drafts, a padded sequence of length 0 with a stale table row) are
+// skipped and leave their cache slots as they were; a slot off by one position at a draft token is
+// rejected naming the entry, its sequence, its token and its position, with nothing written, and
+// the same arguments then append again. Random data, irregular sizes.
+struct GroupCase {
+  DType dtype;
+  KVLayout layout;
+  int n;
+};
+
+class AppendTokenGroups : public ::testing::TestWithParam<GroupCase> {};
+
+TEST_P(AppendTokenGroups, EachTokenIsCheckedAgainstItsOwnPositionInItsSequence) {
+  const GroupCase c = GetParam();
+  AttentionSpec s;
+  s.dtype = c.dtype;
+  s.layout = c.layout;
+  s.head_size = 80;
+  s.block_size = 16;
+  s.num_kv_heads = 3;
+  s.num_q_heads = 6;
+  const int n = c.n, num_seqs = 5, stride = 13, num_blocks = num_seqs * stride + 3;
+  const int tokens = num_seqs * n, H = 3, D = 80, bs = 16;
+  const std::size_t esz = decodegraph::dtype_size(s.dtype);
+  const std::size_t cache_elems = static_cast<std::size_t>(num_blocks) * s.block_elems();
+  const std::size_t tok_elems = static_cast<std::size_t>(tokens) * H * D;
+  std::mt19937_64 rng(1000 + n * 7 + static_cast<int>(c.layout));
+
+  Buffer kc = make_buffer(s.dtype, cache_elems), vc = make_buffer(s.dtype, cache_elems);
+  Buffer key = make_buffer(s.dtype, tok_elems), value = make_buffer(s.dtype, tok_elems);
+  fill_uniform(s.dtype, kc.data(), cache_elems, rng);
+  fill_uniform(s.dtype, vc.data(), cache_elems, rng);
+  fill_uniform(s.dtype, key.data(), tok_elems, rng, 2.f, 3.f);  // distinct from the cache's values
+  fill_uniform(s.dtype, value.data(), tok_elems, rng, -3.f, -2.f);
+
+  // Distinct random blocks for every table entry; random lengths; sequence 2 padded.
+  std::vector<int32_t> pool(num_blocks);
+  for (int b = 0; b < num_blocks; ++b) pool[b] = b;
+  std::shuffle(pool.begin(), pool.end(), rng);
+  std::vector<int32_t> tables(pool.begin(), pool.begin() + num_seqs * stride);
+  std::vector<int32_t> lens(num_seqs);
+  std::uniform_int_distribution<int> len_dist(n, stride * bs - 1);  // room for the one-late slot
+  for (int& l : lens) l = len_dist(rng);
+  lens[0] = n;  // the shortest sequence: its tokens are positions 0..n-1
+  lens[2] = 0;  // padded: its row is stale and never read
+  std::vector<int64_t> slots(tokens, -1);
+  for (int i = 0; i < num_seqs; ++i)
+    for (int j = 0; j < n && lens[i] > 0; ++j) {
+      const int p = lens[i] - n + j;
+      slots[i * n + j] = static_cast<int64_t>(tables[i * stride + p / bs]) * bs + p % bs;
+    }
+  if (n > 1) slots[4 * n + n - 1] = -1;  // a rejected draft of sequence 4: skipped
+
+  std::vector<unsigned char> k_expect(kc.bytes), v_expect(vc.bytes);
+  std::memcpy(k_expect.data(), kc.data(), kc.bytes);
+  std::memcpy(v_expect.data(), vc.data(), vc.bytes);
+  for (int t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < D; ++d) {
+        const std::size_t src = (static_cast<std::size_t>(t) * H + h) * D + d;
+        const int64_t blk = slots[t] / bs;
+        const int off = static_cast<int>(slots[t] % bs);
+        std::memcpy(&k_expect[doc_k_offset(s, blk, h, off, d) * esz],
+                    static_cast<const unsigned char*>(key.data()) + src * esz, esz);
+        std::memcpy(&v_expect[doc_v_offset(s, blk, h, off, d) * esz],
+                    static_cast<const unsigned char*>(value.data()) + src * esz, esz);
+      }
+  }
+
+  AppendArgs a;
+  a.spec = s;
+  a.num_tokens = tokens;
+  a.num_blocks = num_blocks;
+  a.key = key.data();
+  a.value = value.data();
+  a.k_cache = kc.data();
+  a.v_cache = vc.data();
+  a.slot_mapping = slots.data();
+  a.seq_lens = lens.data();
+  a.block_tables = tables.data();
+  a.block_table_stride = stride;
+  a.tokens_per_seq = n;
+  const std::vector<unsigned char> k_before(static_cast<unsigned char*>(kc.data()),
+                                            static_cast<unsigned char*>(kc.data()) + kc.bytes);
+
+  // A slot one position late at token j of sequence 3 (j = 1 for n > 1: a draft token): rejected,
+  // nothing written.
+  const int j = n > 1 ? 1 : 0, bad_t = 3 * n + j;
+  const int p = lens[3] - n + j;
+  std::vector<int64_t> wrong = slots;
+  wrong[bad_t] = static_cast<int64_t>(tables[3 * stride + (p + 1) / bs]) * bs + (p + 1) % bs;
+  a.slot_mapping = wrong.data();
+  const std::string entry = n > 1 ? "slot_mapping[" + std::to_string(bad_t) + "] (sequence 3, token " +
+                                        std::to_string(j) + " of tokens_per_seq " + std::to_string(n) + ") = "
+                                  : "slot_mapping[3] = ";
+  const std::string position = n > 1 ? "seq_len - tokens_per_seq + " + std::to_string(j) : "seq_len - 1";
+  dgtest::expect_error([&] { decodegraph::host::append_kv(a); },
+                       {entry + std::to_string(wrong[bad_t]), "the slot of position " + position + " = " + std::to_string(p),
+                        "block_tables[3][" + std::to_string(p / bs) + "] * block_size + " + std::to_string(p % bs)});
+  EXPECT_EQ(std::memcmp(kc.data(), k_before.data(), kc.bytes), 0) << "nothing written";
+
+  // A bad block id at that token's position names the entry of its sequence's row, found at the
+  // first of sequence 3's tokens in that block.
+  std::vector<int32_t> bad_tables = tables;
+  bad_tables[3 * stride + p / bs] = num_blocks + 2;
+  int j0 = 0;
+  while ((lens[3] - n + j0) / bs != p / bs) ++j0;
+  a.slot_mapping = slots.data();
+  a.block_tables = bad_tables.data();
+  dgtest::expect_error([&] { decodegraph::host::append_kv(a); },
+                       {"block_tables[3][" + std::to_string(p / bs) + "] = " + std::to_string(num_blocks + 2),
+                        "0..num_blocks-1 = 0.." + std::to_string(num_blocks - 1),
+                        "position " + (n > 1 ? "seq_len - tokens_per_seq + " + std::to_string(j0) : position) + " = " +
+                            std::to_string(lens[3] - n + j0),
+                        "slot_mapping[" + std::to_string(3 * n + j0) + "]"});
+  EXPECT_EQ(std::memcmp(kc.data(), k_before.data(), kc.bytes), 0) << "nothing written";
+
+  // The same arguments, right, append after the errors.
+  a.block_tables = tables.data();
+  ASSERT_NO_THROW(decodegraph::host::append_kv(a));
+  EXPECT_EQ(std::memcmp(kc.data(), k_expect.data(), kc.bytes), 0) << "K cache";
+  EXPECT_EQ(std::memcmp(vc.data(), v_expect.data(), vc.bytes), 0) << "V cache";
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, AppendTokenGroups,
+                         ::testing::Values(GroupCase{DType::kFloat16, KVLayout::kVLLM, 4},
+                                           GroupCase{DType::kBFloat16, KVLayout::kNHD, 4},
+                                           GroupCase{DType::kFloat32, KVLayout::kVLLM, 3},
+                                           GroupCase{DType::kFloat16, KVLayout::kNHD, 1}),
+                         [](const ::testing::TestParamInfo<GroupCase>& info) {
+                           return std::string(decodegraph::to_string(info.param.dtype)) + "_" +
+                                  (info.param.layout == KVLayout::kNHD ? "NHD" : "VLLM") + "_n" +
+                                  std::to_string(info.param.n);
+                         });
+
+// tokens_per_seq: 1..kMaxQLen, and with seq_lens a divisor of num_tokens; without them any count.
+TEST(AppendTokenGroupsArgs, TokensPerSeqOutsideItsRangeOrNotDividingNumTokensIsRejected) {
+  const AttentionSpec s{4, 2, 64, 16, DType::kFloat32, KVLayout::kNHD};
+  const int num_blocks = 8, tokens = 6;
+  const std::size_t cache = static_cast<std::size_t>(num_blocks) * s.block_elems();
+  std::vector<float> kc(cache, 1.f), vc(cache, 2.f), key(tokens * 2 * 64, 3.f), value(tokens * 2 * 64, 4.f);
+  std::vector<int32_t> lens = {20, 5}, tables = {3, 5, 6, 0};
+  // Sequence 0: positions 17..19 (block 5, offsets 1..3); sequence 1: 2..4 (block 6).
+  std::vector<int64_t> slots = {5 * 16 + 1, 5 * 16 + 2, 5 * 16 + 3, 6 * 16 + 2, 6 * 16 + 3, 6 * 16 + 4};
+  AppendArgs a;
+  a.spec = s;
+  a.num_tokens = tokens;
+  a.num_blocks = num_blocks;
+  a.key = key.data();
+  a.value = value.data();
+  a.k_cache = kc.data();
+  a.v_cache = vc.data();
+  a.slot_mapping = slots.data();
+  a.seq_lens = lens.data();
+  a.block_tables = tables.data();
+  a.block_table_stride = 2;
+  a.tokens_per_seq = 3;
+  EXPECT_NO_THROW(decodegraph::host::append_kv(a));
+  for (int bad : {0, -1, decodegraph::kMaxQLen + 1}) {
+    AppendArgs b = a;
+    b.tokens_per_seq = bad;
+    dgtest::expect_error([&] { decodegraph::validate_append_args(b); },
+                         {"tokens_per_seq = " + std::to_string(bad), "1 .. kMaxQLen = 1 .. 16"});
+  }
+  AppendArgs b = a;
+  b.tokens_per_seq = 4;  // 6 tokens are not groups of 4
+  dgtest::expect_error([&] { decodegraph::host::append_kv(b); }, {"num_tokens = 6", "a multiple of tokens_per_seq = 4"});
+  b.seq_lens = nullptr;  // without the check, any count
+  b.block_tables = nullptr;
+  EXPECT_NO_THROW(decodegraph::host::append_kv(b));
+  // Read as one token per row (tokens_per_seq 1), the same slots fail at token 0.
+  AppendArgs one = a;
+  one.tokens_per_seq = 1;
+  one.num_tokens = 2;
+  dgtest::expect_error([&] { decodegraph::host::append_kv(one); }, {"slot_mapping[0] = 81", "seq_len - 1 = 19"});
+}
+
+}  // namespace
