@@ -359,13 +359,17 @@ for b in (1, 8, 64):
     print("  graphs: %s distinct for %s buckets, capture %.1f ms + instantiate %.1f ms, graph memory %.1f MiB" % (
           cap.get("distinct_graphs"), cap.get("buckets"), cap.get("capture_ms", 0), cap.get("instantiate_ms", 0),
           (mem.get("graphs") or 0) / 2**20))
-    print("  %-16s %-6s %6s %9s %9s %9s %9s %8s %7s %7s" % ("band", "kernel", "P", "eager p50", "eager p99",
-          "graph p50", "graph p99", "GB/s", "% read", "% copy"))
+    # model: the planner's predicted us per step (bands[].predicted_us: every layer, interpolated at
+    # the row's mean length, docs/benchmarks.md), beside graph p50; graph/model their ratio.
+    print("  %-16s %-6s %6s %9s %9s %9s %9s %9s %11s %8s %7s %7s" % ("band", "kernel", "P", "eager p50", "eager p99",
+          "graph p50", "graph p99", "model", "graph/model", "GB/s", "% read", "% copy"))
     fmt = lambda v, f="%.1f": "-" if v is None else f % v
     for r in j.get("bands", []):
-        print("  (%6d, %6d] %-6s %6s %9s %9s %9s %9s %8s %7s %7s" % (r["band_lo"], r["band_hi"], r["kernel"],
+        g, m = r.get("graph_p50_us"), r.get("predicted_us")
+        ratio = g / m if g is not None and m else None
+        print("  (%6d, %6d] %-6s %6s %9s %9s %9s %9s %9s %11s %8s %7s %7s" % (r["band_lo"], r["band_hi"], r["kernel"],
               r["partition_size"] if r["kernel"] == "v2" else "-", fmt(r.get("eager_p50_us")), fmt(r.get("eager_p99_us")),
-              fmt(r.get("graph_p50_us")), fmt(r.get("graph_p99_us")), fmt(r.get("gbs"), "%.0f"),
+              fmt(g), fmt(r.get("graph_p99_us")), fmt(m), fmt(ratio, "%.2fx"), fmt(r.get("gbs"), "%.0f"),
               fmt(r.get("pct_read_bw")), fmt(r.get("pct_copy_bw"))))
 PY
 fi

@@ -11,6 +11,25 @@
 
 namespace dgloop {
 
+double interpolate_prediction(const ModelPoints& m, double len) {
+  const dg::PlanPrediction* pts[3] = {&m.lo, &m.mid, &m.hi};
+  if (len <= pts[0]->len) return pts[0]->us;
+  for (int i = 0; i < 2; ++i) {
+    const dg::PlanPrediction& a = *pts[i];
+    const dg::PlanPrediction& b = *pts[i + 1];
+    if (len > b.len) continue;
+    if (b.len == a.len) return b.us;  // a one-length segment (a band of one or two lengths)
+    return a.us + (b.us - a.us) * (len - a.len) / (b.len - a.len);
+  }
+  return pts[2]->us;
+}
+
+double predicted_step_us(const std::vector<ModelPoints>& model, double len) {
+  double us = 0;
+  for (const ModelPoints& m : model) us += m.layers * interpolate_prediction(m, len);
+  return us;
+}
+
 std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_bw_gbs, double copy_bw_gbs) {
   std::map<std::tuple<int, int, int, int>, std::vector<const StepRecord*>> groups;
   for (const auto& r : recs) groups[{r.band, r.q_len, static_cast<int>(r.kernel), r.partition_size}].push_back(&r);
@@ -25,15 +44,23 @@ std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_
     row.partition_size = g.front()->partition_size;
     row.steps = static_cast<int>(g.size());
     std::vector<double> eager, graph;
-    double bytes = 0;
+    double bytes = 0, len_all = 0, len_timed = 0;
     for (const auto* r : g) {
       eager.push_back(r->eager_us);
       bytes += r->bytes;
+      len_all += r->mean_len;
       row.max_abs_diff = std::max(row.max_abs_diff, r->max_abs_diff);
       // A capturing (or measuring) step times the capture, not a replay.
-      if (!r->captured && !r->measured) graph.push_back(r->graph_us);
+      if (!r->captured && !r->measured) {
+        graph.push_back(r->graph_us);
+        len_timed += r->mean_len;
+      }
     }
     row.timed_steps = static_cast<int>(graph.size());
+    // The model at the lengths graph p50 was measured at. The last step's plans: kMeasured's are
+    // final once the bucket has been captured.
+    row.predicted_len = graph.empty() ? len_all / static_cast<double>(g.size()) : len_timed / static_cast<double>(graph.size());
+    if (!g.back()->model.empty()) row.predicted_us = predicted_step_us(g.back()->model, row.predicted_len);
     row.bytes_per_step = bytes / static_cast<double>(g.size());
     row.eager_p50 = dgbench::percentile(eager, 50);
     row.eager_p99 = dgbench::percentile(eager, 99);
@@ -44,6 +71,7 @@ std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_
       row.gbs = row.graph_p50 > 0 ? row.bytes_per_step / (row.graph_p50 * 1e-6) / 1e9 : 0;
       if (read_bw_gbs > 0) row.pct_read_bw = 100.0 * row.gbs / read_bw_gbs;
       if (copy_bw_gbs > 0) row.pct_copy_bw = 100.0 * row.gbs / copy_bw_gbs;
+      if (row.predicted_us > 0) row.graph_over_predicted = row.graph_p50 / row.predicted_us;
     }
     rows.push_back(row);
   }
@@ -114,6 +142,16 @@ const std::vector<BandColumn>& band_columns() {
       {"graph_p99_us", [](const BandRow& b) { return num_or_null(b.graph_p99, timed(b)); },
        [](const BandRow& b) { return us_csv(b.graph_p99); }, "graph p99 us",
        [](const BandRow& b) { return when_timed(b, b.graph_p99); }},
+      {"predicted_us", [](const BandRow& b) { return num_or_null(b.predicted_us, b.predicted_us >= 0); },
+       [](const BandRow& b) { return b.predicted_us >= 0 ? us_csv(b.predicted_us) : std::string("n/a"); }, "model us",
+       [](const BandRow& b) { return b.predicted_us >= 0 ? fmt::format("{:.1f}", b.predicted_us) : std::string("-"); }},
+      {"predicted_len", [](const BandRow& b) { return num_or_null(b.predicted_len); },
+       [](const BandRow& b) { return fmt::format("{:.1f}", b.predicted_len); }, nullptr, nullptr},
+      {"graph_over_predicted",
+       [](const BandRow& b) { return num_or_null(b.graph_over_predicted, b.graph_over_predicted >= 0); },
+       [](const BandRow& b) { return b.graph_over_predicted >= 0 ? fmt::format("{:.4f}", b.graph_over_predicted) : std::string("n/a"); },
+       "graph/model",
+       [](const BandRow& b) { return b.graph_over_predicted >= 0 ? fmt::format("{:.2f}x", b.graph_over_predicted) : std::string("-"); }},
       {"speedup", [](const BandRow& b) { return num_or_null(b.speedup, timed(b)); },
        [](const BandRow& b) { return fmt::format("{:.4f}", b.speedup); }, "speedup",
        [](const BandRow& b) { return timed(b) ? fmt::format("{:.2f}x", b.speedup) : "-"; }},
@@ -161,7 +199,12 @@ std::string band_report(const std::vector<BandRow>& rows, int batch, int layers,
        "its candidates (see captures below).\n"
        "  GB/s = bytes per step by the bytes model of docs/design.md (K+V read, q, out, V2 partials) / graph "
        "p50.\n";
-  if (!gpu) s += "  % read bw, % copy bw: n/a on the host backend (no device bandwidth to compare with).\n";
+  s += "  model us = the planner's cost model for the step: the sum over layers of its layer group's plan's\n"
+       "  one-call prediction (BucketPlan::predicted_lo/_mid/_hi), linearly interpolated in length between lo, mid\n"
+       "  and hi at the mean length of the steps measured in the row; graph/model = graph p50 / model us.\n";
+  if (!gpu)
+    s += "  graph/model means nothing on the host backend: its timings are CPU timings, the model's a GPU's.\n"
+         "  % read bw, % copy bw: n/a on the host backend (no device bandwidth to compare with).\n";
   return s;
 }
 

@@ -10,6 +10,22 @@
 
 namespace dgloop {
 
+/// The planner's predictions (BucketPlan::predicted_lo / _mid / _hi) of the plan `layers` layers of
+/// one step launch: one layer group's, counted once per layer of the group in the run.
+struct ModelPoints {
+  int layers = 0;
+  dg::PlanPrediction lo, mid, hi;
+};
+
+/// The cost model's microseconds of one attention call at `len` tokens per sequence, linearly
+/// interpolated between the plan's three predictions (lo-mid below mid.len, mid-hi above); outside
+/// [lo.len, hi.len] the nearest end's value (the model is only evaluated at those three lengths). A
+/// windowed group's points are at min(L, W), so holding the ends reads it at min(len, W) too.
+double interpolate_prediction(const ModelPoints& m, double len);
+/// Every layer's attention of one step at `len` tokens per sequence: the sum of layers x
+/// interpolate_prediction over `model`.
+double predicted_step_us(const std::vector<ModelPoints>& model, double len);
+
 /// One step of the loop: what the executor chose and reported, and both timings.
 struct StepRecord {
   int segment = 0;
@@ -23,6 +39,8 @@ struct StepRecord {
   int graph_id = -1;
   int q_len = 1;     // n: query tokens per sequence
   int max_len = 0;
+  double mean_len = 0;  // tokens per sequence, averaged over the batch
+  std::vector<ModelPoints> model;  // the step's plans' predictions, per layer group
   double bytes = 0;  // bytes model, all layers
   double kv_bytes = 0;  // its K and V part (the cache read once for all n rows), all layers
   double kv_bytes_n1 = 0;  // the same of a step of n = 1 at the same lengths (a window reads W, not W + n - 1)
@@ -48,6 +66,11 @@ struct BandRow {
   double pct_read_bw = -1; // -1: n/a
   double pct_copy_bw = -1; // of the d2d copy bandwidth (read + write); -1: n/a
   double max_abs_diff = 0;
+  /// The model's per-step figure: predicted_step_us at predicted_len, the mean of mean_len over the
+  /// steps graph p50 is over (all the row's steps where none replayed); -1: no prediction.
+  double predicted_len = 0;
+  double predicted_us = -1;
+  double graph_over_predicted = -1;  // graph p50 / predicted_us; -1: n/a
 };
 
 /// Groups the steps by (band, q_len, kernel, partition size), in that order; bandwidths <= 0 leave the percentages n/a.

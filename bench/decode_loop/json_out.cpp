@@ -32,6 +32,11 @@ json plan_json(const dg::BucketPlan& p) {
             {"grid", {p.grid_x, p.grid_y, p.grid_z}},
             {"merge_grid", {p.merge_grid_x, p.merge_grid_y}},
             {"workspace_bytes", p.workspace_bytes}};
+  // The cost model's one-call predictions the per-band table's "model us" interpolates between.
+  auto pred = [](const dg::PlanPrediction& x) { return json{{"len", x.len}, {"us", x.us}, {"roof_share", x.roof_share}}; };
+  j["predicted_lo"] = pred(p.predicted_lo);
+  j["predicted_mid"] = pred(p.predicted_mid);
+  j["predicted_hi"] = pred(p.predicted_hi);
   if (!p.candidates.empty()) {
     json c = json::array();
     for (const dg::PlanCandidate& k : p.candidates)

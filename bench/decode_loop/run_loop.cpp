@@ -331,6 +331,17 @@ class DecodeLoop {
     }
     for (const auto& p : ex_.plans())
       if (p.band == r.band) rec.band_lo = p.band_lo;
+    double len_sum = 0;
+    for (int i = 0; i < batch(); ++i) len_sum += lens_[i];
+    rec.mean_len = len_sum / batch();
+    // The cost model's points of each layer group's plan, counted once per layer of the group.
+    std::vector<int> layers_of(static_cast<std::size_t>(ex_.num_layer_groups()), 0);
+    for (int l = 0; l < s_.opt.layers; ++l) ++layers_of[static_cast<std::size_t>(ex_.layer_group(l))];
+    for (int grp = 0; grp < ex_.num_layer_groups(); ++grp) {
+      if (layers_of[static_cast<std::size_t>(grp)] == 0) continue;
+      const dg::BucketPlan& p = ex_.plan_for(grp, r.bucket, r.band, r.q_len);
+      rec.model.push_back({layers_of[static_cast<std::size_t>(grp)], p.predicted_lo, p.predicted_mid, p.predicted_hi});
+    }
     return rec;
   }
 
