@@ -27,7 +27,7 @@ ModelPoints points(int layers, int lo_len, double lo_us, int mid_len, double mid
 }
 
 // Sums of a few doubles: well inside 1e-12 relative.
-constexpr double kTol = 1e-9;
+constexpr double kTol = 1e-12;
 
 TEST(DecodeLoopModel, InterpolatesBetweenTheThreePoints) {
   const ModelPoints m = points(1, 513, 7.0, 769, 11.0, 1024, 19.5);
@@ -122,9 +122,9 @@ void check_run(const nlohmann::json& doc, const std::map<int, int>& layers_of_gr
       ++groups_found;
     }
     EXPECT_EQ(groups_found, static_cast<int>(layers_of_group.size())) << b.dump();
-    EXPECT_NEAR(b["predicted_us"].get<double>(), want, 1e-9 * want) << b.dump();
+    EXPECT_NEAR(b["predicted_us"].get<double>(), want, 1e-12 * want) << b.dump();
     const double ratio = b["graph_p50_us"].get<double>() / want;
-    EXPECT_NEAR(b["graph_over_predicted"].get<double>(), ratio, 1e-9 * ratio) << b.dump();
+    EXPECT_NEAR(b["graph_over_predicted"].get<double>(), ratio, 1e-12 * ratio) << b.dump();
   }
 }
 
