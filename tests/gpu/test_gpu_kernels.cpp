@@ -915,6 +915,24 @@ TEST(GpuKernels, Fp8AppendMatchesHostAppend) {
       }
 }
 
+/// host::append_kv of `slots` (negative: skipped) into k / v, the caches a device append must leave;
+/// returns its arguments for the device call to start from.
+AppendArgs host_append_into(const AttentionSpec& s, int num_tokens, int num_blocks, const dgtest::Buffer& key,
+                            const dgtest::Buffer& value, const std::vector<int64_t>& slots, dgtest::Buffer& k,
+                            dgtest::Buffer& v) {
+  AppendArgs h;
+  h.spec = s;
+  h.num_tokens = num_tokens;
+  h.num_blocks = num_blocks;
+  h.key = key.data();
+  h.value = value.data();
+  h.k_cache = k.data();
+  h.v_cache = v.data();
+  h.slot_mapping = slots.data();
+  host::append_kv(h);
+  return h;
+}
+
 // With the sequences' lengths and block tables (what the executor passes), the append checks each
 // slot against the slot of position seq_len - 1: the off-by-one slot (position seq_len), lengths
 // that do not count the new token, and a slot past the cache are each skipped (nothing else in the
@@ -973,21 +991,10 @@ TEST(GpuKernels, AppendKvSkipsAndReportsSlotsNotAtTheirPosition) {
       if (c.token == 3) slots[3] = num_slots + 2;
       if (c.token == 4) lens[4] = stride * bs + 1;       // column 3 of a 3-entry row
       // Expected caches: the host append of every token but the wrong one.
-      auto ek = dgtest::make_buffer(s.dtype, cn), ev = dgtest::make_buffer(s.dtype, cn);
-      std::memcpy(ek.data(), kc.data(), kc.bytes);
-      std::memcpy(ev.data(), vc.data(), vc.bytes);
       std::vector<int64_t> expect_slots = slots;
       if (c.token >= 0) expect_slots[c.token] = -1;
-      AppendArgs h;
-      h.spec = s;
-      h.num_tokens = num_tokens;
-      h.num_blocks = num_blocks;
-      h.key = key.data();
-      h.value = value.data();
-      h.k_cache = ek.data();
-      h.v_cache = ev.data();
-      h.slot_mapping = expect_slots.data();
-      host::append_kv(h);
+      dgtest::Buffer ek = kc, ev = vc;
+      const AppendArgs h = host_append_into(s, num_tokens, num_blocks, key, value, expect_slots, ek, ev);
 
       dk.upload(kc.data(), kc.bytes);
       dv.upload(vc.data(), vc.bytes);
@@ -1101,21 +1108,10 @@ TEST(GpuKernels, AppendKvChecksEachTokenOfASequencesGroupAgainstItsPosition) {
       if (ci == 5) bad_tables[1 * stride + 1] = num_blocks;
       dtables.upload(bad_tables.data(), bad_tables.size() * 4);
       // Expected caches: the host append of every token but the skipped ones.
-      auto ek = dgtest::make_buffer(s.dtype, cn), ev = dgtest::make_buffer(s.dtype, cn);
-      std::memcpy(ek.data(), kc.data(), kc.bytes);
-      std::memcpy(ev.data(), vc.data(), vc.bytes);
       std::vector<int64_t> expect_slots = slots;
       for (int t : c.skipped) expect_slots[t] = -1;
-      AppendArgs h;
-      h.spec = s;
-      h.num_tokens = num_tokens;
-      h.num_blocks = num_blocks;
-      h.key = key.data();
-      h.value = value.data();
-      h.k_cache = ek.data();
-      h.v_cache = ev.data();
-      h.slot_mapping = expect_slots.data();
-      host::append_kv(h);
+      dgtest::Buffer ek = kc, ev = vc;
+      const AppendArgs h = host_append_into(s, num_tokens, num_blocks, key, value, expect_slots, ek, ev);
 
       dk.upload(kc.data(), kc.bytes);
       dv.upload(vc.data(), vc.bytes);

@@ -29,6 +29,33 @@ int64_t doc_v_offset(const AttentionSpec& s, int64_t blk, int h, int t, int d) {
   return blk * H * D * B + h * D * B + d * B + t;
 }
 
+/// The caches after appending `tokens` rows of `heads` heads from key / value at `slots` (negative:
+/// skipped), written into copies of kc / vc element by element from the documented offsets.
+struct ExpectedCaches {
+  std::vector<unsigned char> k, v;
+};
+ExpectedCaches expected_append(const AttentionSpec& s, const Buffer& kc, const Buffer& vc, const Buffer& key,
+                               const Buffer& value, const std::vector<int64_t>& slots, int tokens, int heads) {
+  const std::size_t esz = decodegraph::dtype_size(s.dtype);
+  ExpectedCaches e{std::vector<unsigned char>(kc.bytes), std::vector<unsigned char>(vc.bytes)};
+  std::memcpy(e.k.data(), kc.data(), kc.bytes);
+  std::memcpy(e.v.data(), vc.data(), vc.bytes);
+  for (int t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;
+    const int64_t blk = slots[t] / s.block_size;
+    const int off = static_cast<int>(slots[t] % s.block_size);
+    for (int h = 0; h < heads; ++h)
+      for (int d = 0; d < s.head_size; ++d) {
+        const std::size_t src = (static_cast<std::size_t>(t) * heads + h) * s.head_size + d;
+        std::memcpy(&e.k[doc_k_offset(s, blk, h, off, d) * esz],
+                    static_cast<const unsigned char*>(key.data()) + src * esz, esz);
+        std::memcpy(&e.v[doc_v_offset(s, blk, h, off, d) * esz],
+                    static_cast<const unsigned char*>(value.data()) + src * esz, esz);
+      }
+  }
+  return e;
+}
+
 struct AppendCase {
   DType dtype;
   KVLayout layout;
@@ -49,7 +76,6 @@ TEST_P(AppendAndReference, AppendWritesExactlyTheGivenSlots) {
   s.num_kv_heads = 3;
   s.num_q_heads = 3;
   const int num_blocks = 9, num_tokens = 40;
-  const std::size_t esz = decodegraph::dtype_size(s.dtype);
   const std::size_t cache_elems = num_blocks * s.block_elems();
   const std::size_t tok_elems = static_cast<std::size_t>(num_tokens) * 3 * s.head_size;
 
@@ -68,22 +94,7 @@ TEST_P(AppendAndReference, AppendWritesExactlyTheGivenSlots) {
   slots[3] = -1;
   slots[17] = -1;
 
-  std::vector<unsigned char> k_expect(kc.bytes), v_expect(vc.bytes);
-  std::memcpy(k_expect.data(), kc.data(), kc.bytes);
-  std::memcpy(v_expect.data(), vc.data(), vc.bytes);
-  for (int t = 0; t < num_tokens; ++t) {
-    if (slots[t] < 0) continue;
-    const int64_t blk = slots[t] / s.block_size;
-    const int off = static_cast<int>(slots[t] % s.block_size);
-    for (int h = 0; h < 3; ++h)
-      for (int d = 0; d < s.head_size; ++d) {
-        const std::size_t src = (static_cast<std::size_t>(t) * 3 + h) * s.head_size + d;
-        std::memcpy(&k_expect[doc_k_offset(s, blk, h, off, d) * esz],
-                    static_cast<const unsigned char*>(key.data()) + src * esz, esz);
-        std::memcpy(&v_expect[doc_v_offset(s, blk, h, off, d) * esz],
-                    static_cast<const unsigned char*>(value.data()) + src * esz, esz);
-      }
-  }
+  const ExpectedCaches want = expected_append(s, kc, vc, key, value, slots, num_tokens, 3);
 
   AppendArgs a;
   a.spec = s;
@@ -95,8 +106,8 @@ TEST_P(AppendAndReference, AppendWritesExactlyTheGivenSlots) {
   a.v_cache = vc.data();
   a.slot_mapping = slots.data();
   decodegraph::host::append_kv(a);
-  EXPECT_EQ(std::memcmp(kc.data(), k_expect.data(), kc.bytes), 0) << "K cache";
-  EXPECT_EQ(std::memcmp(vc.data(), v_expect.data(), vc.bytes), 0) << "V cache";
+  EXPECT_EQ(std::memcmp(kc.data(), want.k.data(), kc.bytes), 0) << "K cache";
+  EXPECT_EQ(std::memcmp(vc.data(), want.v.data(), vc.bytes), 0) << "V cache";
 
   // An out-of-range slot anywhere is rejected before anything is written.
   std::vector<int64_t> bad = slots;
@@ -111,7 +122,7 @@ TEST_P(AppendAndReference, AppendWritesExactlyTheGivenSlots) {
     EXPECT_NE(m.find("slot_mapping[39] = " + std::to_string(num_blocks * s.block_size)),
               std::string::npos) << m;
   }
-  EXPECT_EQ(std::memcmp(kc.data(), k_expect.data(), kc.bytes), 0) << "K cache after rejection";
+  EXPECT_EQ(std::memcmp(kc.data(), want.k.data(), kc.bytes), 0) << "K cache after rejection";
 }
 
 // Fills a paged cache through host append_kv from dense K/V [len, kv_heads, head_size], then checks
@@ -327,7 +338,6 @@ TEST_P(AppendTokenGroups, EachTokenIsCheckedAgainstItsOwnPositionInItsSequence) 
   s.num_q_heads = 6;
   const int n = c.n, num_seqs = 5, stride = 13, num_blocks = num_seqs * stride + 3;
   const int tokens = num_seqs * n, H = 3, D = 80, bs = 16;
-  const std::size_t esz = decodegraph::dtype_size(s.dtype);
   const std::size_t cache_elems = static_cast<std::size_t>(num_blocks) * s.block_elems();
   const std::size_t tok_elems = static_cast<std::size_t>(tokens) * H * D;
   std::mt19937_64 rng(1000 + n * 7 + static_cast<int>(c.layout));
@@ -357,22 +367,7 @@ TEST_P(AppendTokenGroups, EachTokenIsCheckedAgainstItsOwnPositionInItsSequence) 
     }
   if (n > 1) slots[4 * n + n - 1] = -1;  // a rejected draft of sequence 4: skipped
 
-  std::vector<unsigned char> k_expect(kc.bytes), v_expect(vc.bytes);
-  std::memcpy(k_expect.data(), kc.data(), kc.bytes);
-  std::memcpy(v_expect.data(), vc.data(), vc.bytes);
-  for (int t = 0; t < tokens; ++t) {
-    if (slots[t] < 0) continue;
-    for (int h = 0; h < H; ++h)
-      for (int d = 0; d < D; ++d) {
-        const std::size_t src = (static_cast<std::size_t>(t) * H + h) * D + d;
-        const int64_t blk = slots[t] / bs;
-        const int off = static_cast<int>(slots[t] % bs);
-        std::memcpy(&k_expect[doc_k_offset(s, blk, h, off, d) * esz],
-                    static_cast<const unsigned char*>(key.data()) + src * esz, esz);
-        std::memcpy(&v_expect[doc_v_offset(s, blk, h, off, d) * esz],
-                    static_cast<const unsigned char*>(value.data()) + src * esz, esz);
-      }
-  }
+  const ExpectedCaches want = expected_append(s, kc, vc, key, value, slots, tokens, H);
 
   AppendArgs a;
   a.spec = s;
@@ -425,8 +420,8 @@ TEST_P(AppendTokenGroups, EachTokenIsCheckedAgainstItsOwnPositionInItsSequence) 
   // The same arguments, right, append after the errors.
   a.block_tables = tables.data();
   ASSERT_NO_THROW(decodegraph::host::append_kv(a));
-  EXPECT_EQ(std::memcmp(kc.data(), k_expect.data(), kc.bytes), 0) << "K cache";
-  EXPECT_EQ(std::memcmp(vc.data(), v_expect.data(), vc.bytes), 0) << "V cache";
+  EXPECT_EQ(std::memcmp(kc.data(), want.k.data(), kc.bytes), 0) << "K cache";
+  EXPECT_EQ(std::memcmp(vc.data(), want.v.data(), vc.bytes), 0) << "V cache";
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, AppendTokenGroups,
