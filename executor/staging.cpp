@@ -158,7 +158,7 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
   for (int t = 0; t < n * q; ++t) {
     const int i = t / q;
     const int32_t* row = bt + static_cast<std::size_t>(i) * in.block_table_stride;
-    const int len = lens[i] - q + 1 + t % q;
+    const int len = math::row_len(lens[i], q, t % q);  // lengths checked: no overflow
     if (slots[t] < 0 || position_slot_ok(slots[t], len, row, in.block_table_stride, bs, cfg_.num_blocks)) continue;
     require_position_slot(slot_name(t), slots[t], len, row, in.block_table_stride, bs, cfg_.num_blocks,
                           "inputs.block_tables[" + std::to_string(i) + "]",

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "decodegraph/numeric.hpp"  // DG_HD
+#include "kernels/decode_math.hpp"
 
 namespace decodegraph::kernels {
 
@@ -35,11 +36,10 @@ DG_HD int64_t position_slot(int len, const int32_t* row, int block_table_stride,
 }
 
 /// The length whose last position is token j's of n new tokens in a sequence of seq_len (counting
-/// them): position seq_len - n + j, so seq_len - n + 1 + j (n = 1: seq_len). Below 1: no such
-/// position. seq_len is clamped far below 0 first, so that garbage lengths cannot overflow.
+/// them): math::row_len (n = 1: seq_len). Below 1: no such position. seq_len is clamped far below 0
+/// first, so that garbage lengths (unchecked under kCheap) cannot overflow.
 DG_HD int token_position_len(int seq_len, int n, int j) {
-  const int len = seq_len < -(1 << 30) ? -(1 << 30) : seq_len;
-  return len - n + 1 + j;
+  return math::row_len(seq_len < -(1 << 30) ? -(1 << 30) : seq_len, n, j);
 }
 
 /// The code of a slot mistake: -(2 * token + kind), always negative.
