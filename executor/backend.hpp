@@ -1,8 +1,8 @@
 // The executor's backend interface (internal): memory, staging copies, capture/instantiate/update/
 // launch of a graph, the stream a step runs on, and the ops a step enqueues. Two implementations:
 // the CUDA backend (executor/cuda/) captures a stream into a cudaGraph_t; the host backend
-// (host_backend.cpp) records closures with their arguments bound and reruns them on replay, so it
-// has graph semantics.
+// (host_backend.cpp; host_recording.hpp, host_ops.hpp) records closures with their arguments bound
+// and reruns them on replay, so it has graph semantics.
 //
 // Every operation consults decodegraph::fault::should_fail(site) first and throws Error naming the
 // call (or its host twin) when a failure is injected, leaving nothing half-built.

@@ -61,4 +61,25 @@ void count_host_device_entry();
 void count_host_device_exit();
 void count_host_unbound_op();
 
+/// The host backend's open device guards, shared by its parts (host_backend.cpp, host_recording.hpp):
+/// enter_device / leave_device go through enter() / leave(), and each operation calls bound().
+class HostDeviceDepth {
+ public:
+  void enter() {
+    ++depth_;
+    count_host_device_entry();
+  }
+  void leave() noexcept {
+    --depth_;
+    count_host_device_exit();
+  }
+  // Counts an operation that ran with no device guard open.
+  void bound() const {
+    if (depth_ <= 0) count_host_unbound_op();
+  }
+
+ private:
+  int depth_ = 0;  // device guards open
+};
+
 }  // namespace decodegraph::detail

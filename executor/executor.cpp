@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "decodegraph/error.hpp"
+#include "executor/config_checks.hpp"
 #include "executor/device_guard.hpp"
 #include "executor/executor_impl.hpp"
 #include "executor/log.hpp"
 #include "executor/nvtx.hpp"
-#include "executor/plan.hpp"
 #include "executor/scoped.hpp"
 
 namespace decodegraph {

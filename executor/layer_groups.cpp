@@ -6,6 +6,7 @@
 #include <string>
 
 #include "decodegraph/error.hpp"
+#include "executor/device_model.hpp"
 
 namespace decodegraph::detail {
 
@@ -74,20 +75,6 @@ std::vector<int> layer_groups_of(const ExecutorConfig& c) {
 }  // namespace decodegraph
 
 namespace decodegraph::detail {
-
-DeviceModel fill_device_model(const DeviceModel& given, const AttentionSpec& spec,
-                              const std::function<DeviceModel(const AttentionSpec&)>& device, const std::string& whose) {
-  DeviceModel m = given;
-  if (m.num_sms != 0 && m.blocks_per_sm != 0) return m;
-  const DeviceModel d = device(spec);
-  if (m.num_sms == 0) m.num_sms = d.num_sms;
-  if (m.blocks_per_sm == 0) m.blocks_per_sm = d.blocks_per_sm;
-  // What the device reported must make sense too (a pass-1 block that does not fit reports 0).
-  require(m.num_sms >= 1, "device_model.num_sms", m.num_sms, ">= 1 (as queried from the device" + whose + ")");
-  require(m.blocks_per_sm >= 1, "device_model.blocks_per_sm", m.blocks_per_sm,
-          ">= 1 (as queried from the device" + whose + ": the pass-1 kernel does not fit on an SM)");
-  return m;
-}
 
 LayerGroups::LayerGroups(const ExecutorConfig& c, const DeviceModel& given,
                          const std::function<DeviceModel(const AttentionSpec&)>& device)

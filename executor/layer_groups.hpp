@@ -20,11 +20,6 @@ const AttentionSpec& layer_spec(const ExecutorConfig& config, int layer);
 /// some layer reads lies from math::window_origin(len, widest_window, block_size) on.
 int widest_window(const ExecutorConfig& config);
 
-/// `given` with its zero fields from `device(spec)` (called only when one is 0), each checked >= 1;
-/// `whose` ends the error text ("as queried from the device" + whose).
-DeviceModel fill_device_model(const DeviceModel& given, const AttentionSpec& spec,
-                              const std::function<DeviceModel(const AttentionSpec&)>& device, const std::string& whose);
-
 struct LayerGroup {
   AttentionSpec spec;
   DeviceModel device_model;  // resolved for the group's pass-1 kernel

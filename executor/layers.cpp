@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "decodegraph/error.hpp"
+#include "executor/config_checks.hpp"
 #include "executor/layer_groups.hpp"
 #include "executor/log.hpp"
-#include "executor/plan.hpp"
 
 namespace decodegraph::detail {
 

@@ -9,9 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "executor/config_checks.hpp"
+#include "executor/gqa_plan.hpp"
 #include "executor/layer_groups.hpp"
 #include "executor/nvtx.hpp"
-#include "executor/plan.hpp"
 #include "executor/scoped.hpp"
 
 namespace decodegraph::detail {

@@ -1,46 +1,18 @@
-// Planning (internal): configuration checks, the device model, the per-bucket plans and the launch
-// identity that decides which buckets share a graph. Host-only, no backend.
+// Planning (internal): the plans of every (q_len, batch bucket, band) of a layer group, the lengths
+// each plan is made for, and the launch identity that decides which buckets share a graph
+// (plan.cpp). Which launch a bucket gets is its kernel family's: gqa_plan.hpp for the V1/V2 kernels.
+// Plans are made from a checked config (config_checks.hpp). Host-only, no backend.
 #pragma once
 
+#include <array>
 #include <cstddef>
-#include <functional>
-#include <string>
 #include <tuple>
 #include <vector>
 
 #include "decodegraph/executor.hpp"
+#include "executor/config_checks.hpp"
 
 namespace decodegraph::detail {
-
-/// The fields planning reads, checked, with defaults filled in (band edges, batch buckets), and the
-/// layer specs (validate_layer_specs). The device model is checked but left as given. Throws Error naming the parameter, the value and what
-/// is allowed.
-ExecutorConfig resolve_planning(ExecutorConfig config);
-
-/// Everything resolve_planning does, plus the fields only an Executor needs (layers, caches, blocks,
-/// capture, validation, ...) and max_blocks_per_seq; device-model fields left at 0 are taken from
-/// `device(spec)` for layer 0's spec (layer group 0), which is called at most once and only when one
-/// is 0 (LayerGroups resolves the other groups' models).
-ExecutorConfig resolve_config(ExecutorConfig config,
-                              const std::function<DeviceModel(const AttentionSpec&)>& device);
-
-/// "[1, 4]": a list of ints as error messages name it.
-std::string list_text(const std::vector<int>& values);
-
-/// The largest of a resolved config's q_lens (they are ascending), and the query rows that many
-/// tokens per sequence of max_batch sequences take: what q/out, new K/V and the staged slots hold.
-inline int max_q_len(const ExecutorConfig& resolved) { return resolved.q_lens.back(); }
-inline std::size_t max_rows(const ExecutorConfig& resolved) {
-  return static_cast<std::size_t>(resolved.max_batch) * max_q_len(resolved);
-}
-
-/// Bytes layer `layer`'s K (or V) cache needs: num_blocks blocks of its spec.
-std::size_t cache_bytes_needed(const ExecutorConfig& resolved, int layer);
-
-/// The host-side checks of per-layer buffers (ExecutorConfig::layers, Executor::rebind_layers):
-/// count, caches present, row strides (0, or >= a row and a multiple of 16 bytes, only for caller
-/// buffers) and cache sizes where given. Throws InvalidArgument naming layers[l].<field>.
-void check_layer_buffers(const std::vector<LayerBuffers>& layers, const ExecutorConfig& resolved);
 
 /// The lengths a layer group's plan of band (band_lo, band_hi] is made for: the three it is scored and
 /// predicted at (lo = band_lo + 1, or for the first band half its upper edge; mid; hi), and the
@@ -56,37 +28,18 @@ struct PlannedLengths {
 /// With q_len rows (a speculative step) a window reads W + q_len - 1 tokens: the cap is that.
 PlannedLengths planned_lengths(const AttentionSpec& group_spec, int band_lo, int band_hi, int q_len = 1);
 
+/// The lengths a plan is scored at (kAuto) and predicted for: its group's planned lengths.
+std::array<int, 3> band_lengths(const ExecutorConfig& resolved, const BucketPlan& plan);
+
+/// The longest length a plan of this bucket is chosen for: where the threshold applies.
+int planned_hi(const ExecutorConfig& resolved, const BucketPlan& plan);
+
 /// Plans for every (batch bucket, band) of one spec, `resolved.spec` with `resolved.device_model`
 /// (layer_specs is not read: the plan book plans each layer group with its own planning config,
 /// LayerGroups::planning_config), bucket-major: index = bucket * bands + band. Graph ids are
 /// assigned (identical launches share one, numbered in bucket-major order of first use), except
 /// under kMeasured, where they stay -1 until the bucket is measured.
 std::vector<BucketPlan> make_plans(const ExecutorConfig& resolved);
-
-/// Sets the launch fields of `plan` (kernel, partitions, grids, workspace, launch_len and the block
-/// counts) for `kernel` at `partition_size` (V2), and the cost model's predictions of that launch at
-/// the band's lower edge, middle and upper edge (predicted_regret and candidates_scored reset to 0:
-/// kAuto's choice sets them). Band fields and design_len must be set.
-void set_launch(BucketPlan& plan, const ExecutorConfig& resolved, KernelKind kernel, int partition_size);
-
-/// One of kAuto's candidates: its plan (launch and predictions set) and its worst-case regret over
-/// the band's three lengths (its predicted time over the best candidate's at that length, minus 1).
-struct ScoredPlan {
-  BucketPlan plan;
-  double regret = 0;
-};
-
-/// kAuto's candidates for a bucket (band fields and design_len set): V1 at or below the threshold,
-/// V2 at the caller's fixed partition size or at kAuto's sizes (docs/planning.md), each scored. The
-/// plan kAuto makes is the least regret (ties: the shorter predicted time at the upper edge, then
-/// the earlier candidate).
-std::vector<ScoredPlan> auto_candidates(const BucketPlan& bucket, const ExecutorConfig& resolved);
-
-/// kMeasured's candidates for a bucket: V1 (at or below the threshold), then V2 at kAuto's best V2
-/// partition size and at half and twice it where those are at least kAuto's shortest (64 tokens) and
-/// still split the band's longest length; each with the model's predicted_us (num_layers calls, every
-/// sequence at the band's middle).
-std::vector<PlanCandidate> measure_candidates(const BucketPlan& plan, const ExecutorConfig& resolved);
 
 /// What makes two launches identical: equal keys replay the same graph.
 using LaunchKey = std::tuple<int, int, int, int, int, int, int, int, std::size_t>;

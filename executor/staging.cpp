@@ -7,9 +7,9 @@
 #include <string>
 
 #include "decodegraph/error.hpp"
+#include "executor/config_checks.hpp"
 #include "executor/layer_groups.hpp"
 #include "executor/log.hpp"
-#include "executor/plan.hpp"
 #include "kernels/decode_math.hpp"
 #include "kernels/validate.hpp"
 

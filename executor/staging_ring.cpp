@@ -5,8 +5,8 @@
 #include <string>
 
 #include "decodegraph/error.hpp"
+#include "executor/config_checks.hpp"
 #include "executor/log.hpp"
-#include "executor/plan.hpp"
 
 namespace decodegraph::detail {
 namespace {

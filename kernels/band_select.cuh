@@ -69,7 +69,7 @@ struct BandSelectParams {
 /// and cudaGetLastError). CUDA builds (and the simulator) only.
 void launch_band_select(const BandSelectParams& p, Stream stream);
 
-/// For the one-time SWITCH probe (executor/cuda/cuda_backend.cpp): the band-select kernel, and a
+/// For the one-time SWITCH probe (executor/cuda/switch_probe.cpp): the band-select kernel, and a
 /// kernel that writes `value` to `*dst`, launched without the fault seam and returning the CUDA error
 /// (0 = success) instead of throwing, so the probe neither consumes a test's injected fault nor throws.
 int launch_band_select_for_probe(const BandSelectParams& p, Stream stream) noexcept;

@@ -11,6 +11,7 @@
 
 #include "decodegraph/executor.hpp"
 #include "executor/cost_model.hpp"
+#include "executor/gqa_plan.hpp"
 #include "executor/plan.hpp"
 
 namespace {

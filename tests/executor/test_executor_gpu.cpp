@@ -562,7 +562,7 @@ TEST(ExecutorGpu, SwitchGraphNeedsNoHintForDeviceInputs) {
 }
 
 // rebind_layers under kDevice: the SWITCH graph is re-instantiated (never cudaGraphExecUpdate, whose
-// handling of the re-capture's new conditional handles is undocumented: cuda_backend.cpp), and every
+// handling of the re-capture's new conditional handles is undocumented: cuda/cuda_capture.cpp), and every
 // band's branch then reads the new caches. A stale handle binding would run a wrong branch, or none,
 // for some band: each band's output is checked against the reference of the new caches.
 TEST(ExecutorGpu, SwitchGraphRebindsToNewCachesInEveryBand) {

@@ -21,10 +21,10 @@
 #include "decodegraph/fault.hpp"
 #include "exec_world.hpp"
 #include "executor/backend.hpp"
+#include "executor/config_checks.hpp"
 #include "executor/device_guard.hpp"
 #include "executor/host_capture.hpp"
 #include "executor/memory.hpp"
-#include "executor/plan.hpp"
 #include "executor/staging.hpp"
 
 namespace {

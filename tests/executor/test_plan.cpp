@@ -19,6 +19,7 @@
 #include "decodegraph/error.hpp"
 #include "exec_world.hpp"
 #include "executor/cost_model.hpp"
+#include "executor/gqa_plan.hpp"
 #include "executor/plan.hpp"
 #include "kernels/occupancy.hpp"
 

@@ -12,8 +12,8 @@
 
 #include "decodegraph/error.hpp"
 #include "executor/backend.hpp"
+#include "executor/config_checks.hpp"
 #include "executor/memory.hpp"
-#include "executor/plan.hpp"
 #include "executor/staging.hpp"
 #include "test_util.hpp"
 
