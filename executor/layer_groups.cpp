@@ -28,10 +28,11 @@ int widest_window(const ExecutorConfig& c) {
 
 namespace decodegraph {
 
-// What may differ per layer is what shapes one layer's own tensors and math: its heads, head size
-// and scale (and, with the later attention features, its window, soft-cap and KV dtype). What every
-// layer shares is what the step's inputs and the engine's buffers share: one block table and slot
-// mapping per sequence, one activation dtype, one cache layout.
+// What may differ per layer is what shapes one layer's own tensors and math: its heads, head size,
+// scale, KV cache dtype (and fp8 scales per KV head), window and soft-cap. What every layer shares
+// is what the step's inputs and the engine's buffers share: one block table and slot mapping per
+// sequence, one activation dtype, one cache layout (docs/features.md, "Per layer", which
+// FeatureClaims.TableMatchesTheCode checks against this function).
 void validate_layer_specs(const ExecutorConfig& c) {
   if (c.layer_specs.empty()) return;
   require(static_cast<int>(c.layer_specs.size()) == c.num_layers, "layer_specs.size()", c.layer_specs.size(),

@@ -1,5 +1,5 @@
 // Helpers shared by the libFuzzer targets: zeroed KV caches for a config, a check that aborts with a
-// message (a finding), and the float64 comparison of a finished host step.
+// message (a finding), and the float64 reference of a finished host step and the comparison with it.
 #pragma once
 
 #include <algorithm>
@@ -45,9 +45,9 @@ inline bool close(DType dt, double out, double ref, double amp) {
   return std::fabs(out - ref) <= atol + rtol * std::fabs(ref);
 }
 
-/// Compares rows [0, num_seqs) of out (dtype) with the float64 reference over the same arguments.
-inline void check_against_reference(const DecodeArgs& args, const void* out, double amp,
-                                    const char* what) {
+/// The float64 reference over `args` (rows [0, num_seqs)), computed once per step and layer: the
+/// step's output, host V1 and host V2 are all compared with the same one.
+inline std::vector<double> reference_of(const DecodeArgs& args) {
   const std::size_t row = static_cast<std::size_t>(args.spec.num_q_heads) * args.spec.head_size;
   std::vector<double> ref(args.num_seqs * row, 0.0);
   try {
@@ -56,6 +56,13 @@ inline void check_against_reference(const DecodeArgs& args, const void* out, dou
     std::fprintf(stderr, "%s\n", e.what());
     finding("the reference rejected arguments the step accepted");
   }
+  return ref;
+}
+
+/// Compares rows [0, num_seqs) of out (dtype) with ref, the float64 reference over the same arguments.
+inline void check_against_reference(const DecodeArgs& args, const std::vector<double>& ref, const void* out,
+                                    double amp, const char* what) {
+  const std::size_t row = static_cast<std::size_t>(args.spec.num_q_heads) * args.spec.head_size;
   for (std::size_t i = 0; i < ref.size(); ++i) {
     const double o = load_as_float(args.spec.dtype, out, i);
     if (!close(args.spec.dtype, o, ref[i], amp)) {

@@ -6,12 +6,18 @@
 // produce outputs that match the float64 reference; the eager host V1 and V2 on the same inputs must
 // match it too. Under kCheap a bad block id runs, clamped as the kernels clamp it (the reference
 // over the clamped table is the oracle), and check_errors() must then report it.
+//
+// Work per input is bounded (kMaxWork, kMaxCacheElems, the kMeasured rule below) so that CI's 30 s
+// run thousands of inputs. The host attention, the float64 reference, kMeasured's candidate runs and
+// the filling of the caches were the whole cost (perf over the seed corpus before issue 39: 0.2-1.2 s
+// an input of up to 8 sequences x 600 tokens x 8 heads x 128, 3-8 inputs a second; now 100-200,
+// docs/reliability.md "Speed"). Which paths an input reaches follows the shape's kind (dtype, layout,
+// head size, GQA group, block size, bands, partitions, policy), not its magnitude.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <vector>
 
 #include "fuzz_common.hpp"
@@ -20,9 +26,48 @@ using namespace dgfuzz;
 
 namespace {
 
-void fill(DType dt, void* p, std::size_t n, std::mt19937& rng, float amp) {
-  std::uniform_real_distribution<float> d(-amp, amp);
-  for (std::size_t i = 0; i < n; ++i) store_from_float(dt, p, i, d(rng));
+// Elements of the q.k and p.v products of one attention call over a step's lengths, at most
+// max_batch x len_cap x num_q_heads x head_size x num_layers: each step's lengths are drawn from
+// 1..len_cap, len_cap = kMaxWork / (max_batch x num_q_heads x head_size x num_layers) (at least 1,
+// at most max_seq_len). 600 x 64: every length up to 600 at one sequence of one head of 64 in one
+// layer (as before the bound, for any shape), 75 tokens at 4 heads of 128 (multi-partition V2 on
+// the tensor-core path), 9 tokens at 8 sequences of 4 heads of 128. The configuration itself
+// (max_seq_len up to 600, bands, threshold, partitions: the plans) is drawn as before. It keeps an
+// input at a few milliseconds: the host attention runs ~4 times per layer and step (the step, host
+// V1, host V2, the reference), under ASan, UBSan and coverage.
+constexpr long long kMaxWork = 600 * 64;
+// Elements of one layer's K (or V) cache, num_blocks x block_elems(); num_blocks is drawn up to what
+// this allows (at most 64, as before; at least 1). 64 x 512: all 64 blocks at the smallest block
+// (8 tokens x 1 KV head x 64). Filling 4 caches of up to 64 x 8192 elements took most of the time of
+// a small input.
+constexpr long long kMaxCacheElems = 64 * 512;
+
+// splitmix64: a cheap generator for the data (std::uniform_real_distribution's generate_canonical
+// calls logl twice per value; it was a tenth of the run).
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform(float amp) { return (static_cast<float>(next() >> 40) * 0x1p-23f - 1.0f) * amp; }  // [-amp, amp)
+};
+
+// Uniform values in [-amp, amp), rounded to dt; the dtype's switch outside the loop.
+void fill(DType dt, void* p, std::size_t n, Rng& rng, float amp) {
+  switch (dt) {
+    case DType::kFloat16:
+      for (std::size_t i = 0; i < n; ++i) static_cast<uint16_t*>(p)[i] = float_to_fp16_bits(rng.uniform(amp));
+      break;
+    case DType::kBFloat16:
+      for (std::size_t i = 0; i < n; ++i) static_cast<uint16_t*>(p)[i] = float_to_bf16_bits(rng.uniform(amp));
+      break;
+    case DType::kFloat32:
+      for (std::size_t i = 0; i < n; ++i) static_cast<float*>(p)[i] = rng.uniform(amp);
+      break;
+  }
 }
 
 void run(FuzzedDataProvider& fdp) {
@@ -40,11 +85,14 @@ void run(FuzzedDataProvider& fdp) {
   c.num_layers = fdp.ConsumeIntegralInRange(1, 2);
   c.max_batch = fdp.ConsumeIntegralInRange(1, 8);
   c.max_seq_len = fdp.ConsumeIntegralInRange(1, 600);
+  const long long per_token = static_cast<long long>(c.max_batch) * c.spec.num_q_heads * c.spec.head_size * c.num_layers;
+  const int len_cap = static_cast<int>(std::clamp<long long>(kMaxWork / per_token, 1, c.max_seq_len));
   c.v2_threshold = fdp.ConsumeIntegralInRange(1, c.max_seq_len);
   const int bs = c.spec.block_size;
   const int need = (c.max_seq_len + bs - 1) / bs;
   c.max_blocks_per_seq = need + fdp.ConsumeIntegralInRange(0, 2);
-  c.num_blocks = fdp.ConsumeIntegralInRange(1, 64);
+  const long long block_elems = static_cast<long long>(c.spec.block_elems());
+  c.num_blocks = fdp.ConsumeIntegralInRange(1, static_cast<int>(std::clamp(kMaxCacheElems / block_elems, 1LL, 64LL)));
   if (fdp.ConsumeBool()) {  // random increasing edges containing the threshold and max_seq_len
     std::vector<int> e{c.max_seq_len};
     if (c.v2_threshold < c.max_seq_len) e.push_back(c.v2_threshold);
@@ -57,12 +105,19 @@ void run(FuzzedDataProvider& fdp) {
   c.partition_size = fdp.ConsumeBool() ? 0 : bs * fdp.ConsumeIntegralInRange(1, 16);
   c.device_model.num_sms = fdp.ConsumeIntegralInRange(0, 140);
   c.policy = static_cast<KernelPolicy>(fdp.ConsumeIntegralInRange(0, 2));
-  // kMeasured times candidates by running CPU attention, under kDevice for every band of a bucket on
-  // its first step: keep it to small configs, so one input stays far below libFuzzer's timeout.
-  if (c.policy == KernelPolicy::kMeasured && c.max_batch * c.max_seq_len * c.num_layers > 1200)
-    c.policy = KernelPolicy::kAuto;
   c.measure_replays = 1;
   c.capture = fdp.ConsumeBool() ? CapturePolicy::kLazy : CapturePolicy::kUpFront;
+  // kMeasured times candidates by running CPU attention, under kDevice for every band of a bucket on
+  // its first step (kUpFront: of every bucket, at construction), on lengths in the middle of each
+  // band, not the step's: up to 4 candidates x 2 replays x layers host attention calls per (bucket,
+  // band). Keep it to configs whose longest length fits the work bound and to at most 8 measured
+  // (bucket, band) cells x layers, so that measuring stays a few times one step's work.
+  if (c.policy == KernelPolicy::kMeasured) {
+    const std::size_t bands = c.band_edges.empty() ? default_band_edges(c.max_seq_len, c.v2_threshold).size()
+                                                   : c.band_edges.size();
+    const std::size_t buckets = default_batch_buckets(c.max_batch).size();  // at most 4: 1, 2, 4, 8
+    if (len_cap < c.max_seq_len || buckets * bands * c.num_layers > 8) c.policy = KernelPolicy::kAuto;
+  }
   c.backend = BackendKind::kHost;
   const bool cheap = fdp.ConsumeBool();
   c.validation = cheap ? ValidationLevel::kCheap : ValidationLevel::kFull;
@@ -71,7 +126,7 @@ void run(FuzzedDataProvider& fdp) {
   const bool alibi = fdp.ConsumeBool();
   if (alibi)
     for (int h = 0; h < c.spec.num_q_heads; ++h) c.alibi_slopes.push_back(0.5f / (h + 1));
-  std::mt19937 rng(fdp.ConsumeIntegral<uint32_t>());
+  Rng rng{fdp.ConsumeIntegral<uint32_t>()};
   const float amp = fdp.ConsumeBool() ? 1.0f : 8.0f;  // 8: large logits stress the max subtraction
 
   const DType dt = c.spec.dtype;
@@ -104,7 +159,7 @@ void run(FuzzedDataProvider& fdp) {
     const int rows = std::max(n, 0);
     std::vector<int32_t> lens(rows), tables(static_cast<std::size_t>(rows) * stride);
     std::vector<int64_t> slots(rows);
-    for (auto& len : lens) len = fdp.ConsumeIntegralInRange(1, c.max_seq_len);
+    for (auto& len : lens) len = fdp.ConsumeIntegralInRange(1, len_cap);
     for (auto& id : tables) id = fdp.ConsumeIntegralInRange(0, c.num_blocks - 1);
     for (int i = 0; i < rows; ++i) {  // the slot of position seq_len - 1, or a skip
       const int pos = lens[i] - 1;
@@ -192,7 +247,8 @@ void run(FuzzedDataProvider& fdp) {
       a.block_tables = tables.data();
       a.seq_lens = lens.data();
       a.alibi_slopes = alibi ? c.alibi_slopes.data() : nullptr;
-      check_against_reference(a, ex->output(l), amp, "executor step output differs from the reference");
+      const std::vector<double> ref = reference_of(a);  // the same for the step, V1 and V2
+      check_against_reference(a, ref, ex->output(l), amp, "executor step output differs from the reference");
 
       // The eager host calls over the same arguments.
       Storage out(static_cast<std::size_t>(n) * row * es);
@@ -200,12 +256,12 @@ void run(FuzzedDataProvider& fdp) {
       a.host_seq_lens = lens.data();
       a.host_block_tables = tables.data();
       host::paged_attention_v1(a);
-      check_against_reference(a, out.data(), amp, "host V1 differs from the reference");
+      check_against_reference(a, ref, out.data(), amp, "host V1 differs from the reference");
       const int part = bs * fdp.ConsumeIntegralInRange(1, 8);
       const std::size_t ws_bytes = v2_workspace_size(c.spec, n, longest, part);
       Storage ws(ws_bytes);
       host::paged_attention_v2(a, part, ws.data(), ws_bytes);
-      check_against_reference(a, out.data(), amp, "host V2 differs from the reference");
+      check_against_reference(a, ref, out.data(), amp, "host V2 differs from the reference");
     }
   }
 }

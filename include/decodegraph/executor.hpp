@@ -274,9 +274,10 @@ struct ExecutorConfig {
   /// equal specs form a *layer group* (numbered in the order of their first layer:
   /// Executor::layer_group); plans are made per (layer group, batch bucket, band), and every layer's
   /// launch follows its group's plan; one graph still holds every layer (docs/planning.md, "Layer
-  /// groups"). A layer's spec may differ from `spec` in num_q_heads, num_kv_heads, head_size and
-  /// scale; block_size, dtype and layout are spec's (InvalidArgument naming layer_specs[l].<field>
-  /// otherwise). Gemma 3's five local layers to one global:
+  /// groups"). A layer's spec may differ from `spec` in num_q_heads, num_kv_heads, head_size, scale,
+  /// kv_dtype, kv_scale_per_head, sliding_window and logit_softcap; block_size, dtype and layout are
+  /// spec's (InvalidArgument naming layer_specs[l].<field> otherwise; docs/features.md, "Per layer").
+  /// Gemma 3's five local layers (a 1024-token window) to one global:
   ///   for (int l = 0; l < 62; ++l) cfg.layer_specs.push_back(l % 6 == 5 ? global : local);
   std::vector<AttentionSpec> layer_specs;
   /// ALiBi slopes [num_q_heads] (host values; copied into executor memory). Empty: no ALiBi. With
