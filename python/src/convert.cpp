@@ -25,7 +25,7 @@ dg::AttentionSpec spec_from_py(nb::handle o) {
   s.dtype = get<dg::DType>(o, "dtype");
   s.layout = get<dg::KVLayout>(o, "layout");
   s.scale = get<float>(o, "scale");
-  s.kv_dtype = get<dg::KVCacheDType>(o, "kv_dtype");
+  s.kv_dtype = get<dg::KVCacheDType>(o, "kv_cache_dtype");  // vLLM's name (AttentionSpec.kv_dtype is an alias)
   s.kv_scale_per_head = get<bool>(o, "kv_scale_per_head");
   s.sliding_window = get<int>(o, "sliding_window");
   s.logit_softcap = get<float>(o, "logit_softcap");
@@ -189,15 +189,22 @@ nb::dict to_py(const dg::ExecutorStats& s) {
   d["input_downloads"] = s.input_downloads;
   d["staging_copy_bytes"] = s.staging_copy_bytes;
   d["bad_block_reports"] = s.bad_block_reports;
-  // ExecutorStats::replays(kind), evaluated here so that the Python side does not restate its rule.
-  d["replays_v1"] = s.replays(dg::KernelKind::kV1);
-  d["replays_v2"] = s.replays(dg::KernelKind::kV2);
+  // ExecutorStats::replays(kind, group), evaluated here so that the Python side does not restate its
+  // rule: per layer group, and replays_v1 / replays_v2 summed over every group (C++ replays(kind)
+  // counts layer group 0's only, which read as "V2 never ran" while group 1 ran it every step).
   std::size_t groups = 1;  // every graph names each layer group's kernels
   for (const auto& g : s.graphs) groups = std::max({groups, g.group_kernels.size(), g.group_band_kernels.size()});
   nb::list per_group;  // [group] -> [V1 replays, V2 replays]
-  for (std::size_t g = 0; g < groups; ++g)
-    per_group.append(nb::make_tuple(s.replays(dg::KernelKind::kV1, static_cast<int>(g)),
-                                    s.replays(dg::KernelKind::kV2, static_cast<int>(g))));
+  long long v1 = 0, v2 = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    const long long g1 = s.replays(dg::KernelKind::kV1, static_cast<int>(g));
+    const long long g2 = s.replays(dg::KernelKind::kV2, static_cast<int>(g));
+    per_group.append(nb::make_tuple(g1, g2));
+    v1 += g1;
+    v2 += g2;
+  }
+  d["replays_v1"] = v1;
+  d["replays_v2"] = v2;
   d["group_replays"] = per_group;
   return d;
 }

@@ -315,7 +315,7 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
     k.v_cache = import_tensor(layer.attr("v_cache"), pre + "v_cache", true);
     for (Tensor* t : {&k.k_cache, &k.v_cache}) {
       const bool key = t == &k.k_cache;
-      require_cache_elem(*t, s, s.fp8_kv() ? " (spec.kv_dtype)" : dtype_why);
+      require_cache_elem(*t, s, s.fp8_kv() ? " (spec.kv_cache_dtype)" : dtype_why);
       require_where(*t, where_, device_id_, why);
       auto shape = cache_shape(s, -1, key);
       require_shape(*t, shape, cache_shape_text(s, key));
