@@ -6,7 +6,8 @@ Keep-alive rules:
   is destroyed or :meth:`Executor.rebind_layers` replaces them; their addresses are fixed into the
   graphs, so they must not be resized or reallocated in place meanwhile.
 - The views it returns (:meth:`Executor.query` & co., :meth:`Executor.host_staging`) hold the
-  executor: its buffers live as long as any view of them.
+  executor's memory (its buffers and the arrays it was given), not the Python object: the memory
+  lives as long as any view of it, and the executor itself is freed as usual.
 - The step body, and the host callbacks it enqueues, are held by the executor. A body or callback
   that refers back to the executor object forms a cycle that Python's collector frees; a callback
   that holds a *view* forms one it cannot see through (numpy arrays do not take part in cycle
@@ -16,7 +17,7 @@ Keep-alive rules:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import _core
 from ._core import BackendKind, BandSelect, DType
@@ -136,7 +137,9 @@ class Executor:
 
         Args:
             seq_lens: int32 [num_seqs], each sequence's tokens including the ``q_len`` appended this
-                step (so each at least ``q_len``).
+                step (so each at least ``q_len``), or 0 for a padded row (vLLM's padding of a graph
+                batch: its output rows are left untouched and it appends nothing; its slots must
+                be negative).
             block_tables: int32 [num_seqs, block_table_stride], contiguous.
             slot_mapping: int64 [num_seqs, q_len]: entry (i, j) is the slot of position
                 seq_len - q_len + j (negative: skip that token's append); [num_seqs] also when
@@ -159,10 +162,8 @@ class Executor:
                 given a wrong slot; this call ran nothing: submit it again, re-prefill the sequence.
             InvalidArgument: bad input; nothing ran and the executor is unchanged.
         """
-        d = self._core.step(
-            seq_lens, block_tables, slot_mapping, stream=stream, max_seq_len=max_seq_len or 0, q_len=q_len
-        )
-        return StepResult(**d)
+        # Positional (cheaper than keywords): the binding returns the StepResult itself.
+        return self._core.step(seq_lens, block_tables, slot_mapping, stream, max_seq_len or 0, q_len)
 
     def capture_all(self) -> None:
         """Captures every bucket now (what ``capture="up_front"`` does in the constructor)."""
@@ -232,17 +233,14 @@ class Executor:
         return self._view(layer, 3, self._given(layer, "new_value"), q_len)
 
     def host_staging(self) -> HostStaging:
-        """The pinned host staging buffers as numpy views (valid until the next step): inputs written
-        there and passed to step() as they are skip step()'s copy."""
-        d = self._core.host_staging()
-        import numpy as np
-
-        return HostStaging(
-            seq_lens=np.asarray(d["seq_lens"]),
-            block_tables=np.asarray(d["block_tables"]),
-            slot_mapping=np.asarray(d["slot_mapping"]),
-            block_table_stride=int(d["block_table_stride"]),
-        )
+        """The pinned host staging buffers to write the next step's inputs into, as numpy views:
+        inputs written there and passed to step() as they are skip step()'s copy. The executor has
+        at most three sets (the host backend uses one); each one's :class:`HostStaging` is made once
+        and returned again whenever that set is handed out, so the call is cheap and the views stay
+        valid for as long as the executor's memory (they hold it). CUDA: call it before writing each
+        step's inputs; it waits until the set it returns is no longer read by an earlier step."""
+        staging: HostStaging = self._core.host_staging(_host_staging_of)
+        return staging
 
     # ------------------------------------------------------------------ plans and statistics
 
@@ -351,6 +349,18 @@ class Executor:
                 f"dtype={s.dtype.name.lower()}, layout={s.layout.name.lower()}, "
                 f"max_batch={self._config.max_batch}, max_seq_len={self._config.max_seq_len}"
                 + (f", q_lens={self.q_lens}" if self.q_lens != [1] else "") + ")")
+
+
+def _host_staging_of(d: Dict[str, Any]) -> HostStaging:
+    """One set of staging buffers as numpy views (the binding calls it once per set)."""
+    import numpy as np
+
+    return HostStaging(
+        seq_lens=np.asarray(d["seq_lens"]),
+        block_tables=np.asarray(d["block_tables"]),
+        slot_mapping=np.asarray(d["slot_mapping"]),
+        block_table_stride=int(d["block_table_stride"]),
+    )
 
 
 def _as_array(view: Any, dtype: Any, backend: BackendKind) -> Array:

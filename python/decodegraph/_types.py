@@ -590,7 +590,12 @@ class HostStaging:
     pass (slices of) them to ``step()``, which then skips its copy. ``block_tables`` is
     ``[max_batch, block_table_stride]``; pass ``block_tables[:n]``. ``slot_mapping`` holds
     ``max_batch * max(q_lens)`` entries: pass ``slot_mapping[:n]`` (q_len 1) or
-    ``slot_mapping[:n * q_len].reshape(n, q_len)``."""
+    ``slot_mapping[:n * q_len].reshape(n, q_len)``.
+
+    ``Executor.host_staging()`` returns one of at most three such objects (one per set of pinned
+    buffers the executor has), made once and reused: the views stay valid, at the same addresses,
+    for as long as the executor's memory lives (they hold it), so keep them. Which set is yours to
+    write is the one the last ``host_staging()`` call returned (the host backend: always the same)."""
 
     seq_lens: Any
     block_tables: Any

@@ -29,6 +29,7 @@ nb::list to_py(std::span<const dg::BucketPlan> plans);
 nb::dict to_py(const dg::GraphStats& g);
 nb::dict to_py(const dg::ExecutorStats& s);
 nb::dict to_py(const dg::MemoryReport& m);
-nb::dict to_py(const dg::StepResult& r);
+/// A decodegraph.StepResult (the dataclass itself, class `cls`, not a dict: step() is the hot path).
+nb::object step_result_to_py(const dg::StepResult& r, nb::handle cls);
 
 }  // namespace dgpy

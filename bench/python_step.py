@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""What the Python Executor.step costs over the C++ Executor::step, on the host backend.
+
+The issue-36 target: Python step() at most 2 us above C++ at batch 1, 64 and 256, median and p99.
+
+Both are timed on the same executor and the same inputs, in the same process, in alternating
+rounds (so load on a shared machine hits both alike):
+  C++     Executor::step called in a C++ loop (the binding's _time_cpp_steps), each call timed with
+          std::chrono::steady_clock;
+  Python  dg.Executor.step(seq_lens, block_tables, slot_mapping) as an engine calls it, numpy
+          inputs, each call timed with time.perf_counter_ns (whose own cost, an empty timed region,
+          is printed as "timer"; it is not subtracted).
+The step is bench_step's body:empty (bench/bench_step.cpp): llama3-8b's attention shape (32 / 8
+heads of 128, bf16, blocks of 16), one layer, max_batch 256, max_seq_len 32768 (block tables of
+2048 entries per row), 16-token contexts, a step body that enqueues nothing: what remains is
+validation, bucket choice, staging and the replay of an empty recording. The garbage collector
+stays on, as in an engine. This is a benchmark, not a test: it asserts nothing.
+
+    python bench/python_step.py [--rounds 10] [--steps 2000] [--batches 1,64,256] [--json out.json]
+        [--inputs host|host_staging] [--band-select host|device] [--validation cheap|full]
+
+Results: bench/results/host/ (with the date, the machine and the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+import decodegraph as dg
+
+MAX_BATCH = 256
+MAX_SEQ_LEN = 32768
+CONTEXT = 16
+SPEC = dg.AttentionSpec(num_q_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="bf16")
+
+
+def percentile(sorted_ns: List[int], q: float) -> float:
+    """The q-quantile (nearest rank) of sorted samples, in microseconds."""
+    i = min(len(sorted_ns) - 1, max(0, int(round(q * (len(sorted_ns) - 1)))))
+    return sorted_ns[i] / 1000.0
+
+
+def make_executor(args: argparse.Namespace) -> dg.Executor:
+    num_blocks = MAX_BATCH  # one block per sequence: 16 tokens
+    bf16 = dg.numpy_dtype(SPEC.dtype)
+    layers = [dg.LayerBuffers(np.zeros(SPEC.k_cache_shape(num_blocks), bf16),
+                              np.zeros(SPEC.v_cache_shape(num_blocks), bf16))]
+    return dg.Executor(spec=SPEC, layers=layers, max_batch=MAX_BATCH, max_seq_len=MAX_SEQ_LEN, backend="host",
+                       band_select=args.band_select, validation=args.validation, log_level="off",
+                       step_body=lambda ctx: None)
+
+
+def inputs(ex: dg.Executor, batch: int, staged: bool) -> tuple[Any, Any, Any]:
+    lens = np.full(batch, CONTEXT, np.int32)
+    tables = np.zeros((batch, MAX_SEQ_LEN // SPEC.block_size), np.int32)
+    tables[:, 0] = np.arange(batch)
+    slots = tables[:, 0].astype(np.int64) * SPEC.block_size + CONTEXT - 1
+    if not staged:
+        return lens, tables, slots
+    hs = ex.host_staging()  # written once: the contents do not change between steps
+    hs.seq_lens[:batch] = lens
+    hs.block_tables[:batch] = tables
+    hs.slot_mapping[:batch] = slots
+    return hs.seq_lens[:batch], hs.block_tables[:batch], hs.slot_mapping[:batch]
+
+
+def run_batch(ex: dg.Executor, batch: int, args: argparse.Namespace) -> Dict[str, Any]:
+    lens, tables, slots = inputs(ex, batch, args.inputs == "host_staging")
+    step = ex.step
+    core = ex._core  # the binding: its _time_cpp_steps loop calls the C++ Executor::step
+    for _ in range(args.steps):  # warm-up: the graph is captured, caches and branch predictors warm
+        step(lens, tables, slots)
+    core._time_cpp_steps(lens, tables, slots, 1, args.steps)
+    cpp: List[int] = []
+    py: List[int] = []
+    timer: List[int] = []
+    clock = time.perf_counter_ns
+    for _ in range(args.rounds):
+        cpp += core._time_cpp_steps(lens, tables, slots, 1, args.steps)
+        for _ in range(args.steps):
+            t0 = clock()
+            step(lens, tables, slots)
+            py.append(clock() - t0)
+        for _ in range(args.steps // 4):
+            t0 = clock()
+            timer.append(clock() - t0)
+    cpp.sort()
+    py.sort()
+    timer.sort()
+    row = {"batch": batch, "samples": len(py)}
+    for name, ns in (("cpp", cpp), ("python", py), ("timer", timer)):
+        row[f"{name}_median_us"] = percentile(ns, 0.5)
+        row[f"{name}_p99_us"] = percentile(ns, 0.99)
+    row["over_median_us"] = row["python_median_us"] - row["cpp_median_us"]
+    row["over_p99_us"] = row["python_p99_us"] - row["cpp_p99_us"]
+    return row
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
+    return (f"{cpu}, {os.cpu_count()} logical CPUs, load average {', '.join(f'{x:.2f}' for x in load)}; "
+            f"Python {platform.python_version()}, numpy {np.__version__}, decodegraph {dg.__version__}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=10, help="alternating C++ / Python rounds (default 10)")
+    ap.add_argument("--steps", type=int, default=2000, help="steps per round and side (default 2000)")
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--inputs", choices=["host", "host_staging"], default="host")
+    ap.add_argument("--band-select", choices=["host", "device"], default="host")
+    ap.add_argument("--validation", choices=["cheap", "full"], default="cheap")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    ex = make_executor(args)
+    rows = [run_batch(ex, int(b), args) for b in args.batches.split(",")]
+    print(f"# machine: {machine()}")
+    print(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
+    print(f"# inputs {args.inputs}, band_select {args.band_select}, validation {args.validation}, "
+          f"{args.rounds} x {args.steps} steps per side and batch, microseconds per step()")
+    print("| batch | C++ median | C++ p99 | Python median | Python p99 | Python - C++ median | "
+          "Python - C++ p99 | timer median |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['batch']} | {r['cpp_median_us']:.2f} | {r['cpp_p99_us']:.2f} | {r['python_median_us']:.2f} | "
+              f"{r['python_p99_us']:.2f} | {r['over_median_us']:+.2f} | {r['over_p99_us']:+.2f} | "
+              f"{r['timer_median_us']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "argv": sys.argv, "rows": rows}, f, indent=1)
+    worst = max(max(r["over_median_us"], r["over_p99_us"]) for r in rows)
+    print(f"# worst Python - C++: {worst:+.2f} us (target: <= 2 us); median of the per-batch medians "
+          f"{statistics.median(r['over_median_us'] for r in rows):+.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
