@@ -17,9 +17,10 @@ Keep-alive rules:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union, cast
 
 from . import _core
+from ._arrays import ArrayLike, ArrayView, StreamLike
 from ._core import BackendKind, BandSelect, DType
 from ._errors import InvalidArgument
 from ._types import (
@@ -33,8 +34,6 @@ from ._types import (
     StepResult,
     replace_config,
 )
-
-Array = Any
 
 
 class StepContext:
@@ -125,11 +124,11 @@ class Executor:
 
     def step(
         self,
-        seq_lens: Array,
-        block_tables: Array,
-        slot_mapping: Optional[Array] = None,
+        seq_lens: ArrayLike,
+        block_tables: ArrayLike,
+        slot_mapping: Optional[ArrayLike] = None,
         *,
-        stream: Any = None,
+        stream: StreamLike = None,
         max_seq_len: Optional[int] = None,
         q_len: int = 1,
     ) -> StepResult:
@@ -188,27 +187,27 @@ class Executor:
 
     # ------------------------------------------------------------------ buffers (zero-copy views)
 
-    def _view(self, layer: int, which: int, given: Any, q_len: Optional[int]) -> Array:
+    def _view(self, layer: int, which: int, given: Any, q_len: Optional[int]) -> ArrayView:
         core = (self._core.query, self._core.output, self._core.new_key, self._core.new_value)[which]
         v = core(layer, q_len)  # checks layer and q_len, also for a caller buffer
         if given is None:
             return _as_array(v, self._config.spec.dtype, self.backend)
         if q_len is None:
-            return given
+            return cast(ArrayView, given)  # numpy and torch arrays are ArrayViews
         # A caller buffer [rows, heads, head_size] or [rows, heads * head_size]: its first
         # max_batch * q_len rows as [max_batch, q_len, heads, head_size] (a view where the array
         # type reshapes without copying: numpy, torch).
         s = self.layer_spec(layer)
         heads = s.num_q_heads if which < 2 else s.num_kv_heads
         mb = self._config.max_batch
-        return given[: mb * q_len].reshape(mb, q_len, heads, s.head_size)
+        return cast(ArrayView, given[: mb * q_len].reshape(mb, q_len, heads, s.head_size))
 
     def _given(self, layer: int, name: str) -> Any:
         if 0 <= layer < len(self._layers):
             return getattr(self._layers[layer], name)
         return None
 
-    def query(self, layer: int, q_len: Optional[int] = None) -> Array:
+    def query(self, layer: int, q_len: Optional[int] = None) -> ArrayView:
         """Layer ``layer``'s q, written by you before a step: [max_batch * max(q_lens), num_q_heads,
         head_size] of its spec (every row; [max_batch, ...] with the default ``q_lens``), or with
         ``q_len`` n (one of :attr:`q_lens`) the rows a step of n uses as [max_batch, n,
@@ -218,17 +217,17 @@ class Executor:
         one in LayerBuffers (with ``q_len``, its first rows reshaped)."""
         return self._view(layer, 0, self._given(layer, "q"), q_len)
 
-    def output(self, layer: int, q_len: Optional[int] = None) -> Array:
+    def output(self, layer: int, q_len: Optional[int] = None) -> ArrayView:
         """Layer ``layer``'s attention output, shaped as :meth:`query`; rows past the step's
         num_seqs (x q_len) are padding. A view, as :meth:`query`."""
         return self._view(layer, 1, self._given(layer, "out"), q_len)
 
-    def new_key(self, layer: int, q_len: Optional[int] = None) -> Array:
+    def new_key(self, layer: int, q_len: Optional[int] = None) -> ArrayView:
         """Layer ``layer``'s new K, appended at slot_mapping each step: as :meth:`query` with
         num_kv_heads."""
         return self._view(layer, 2, self._given(layer, "new_key"), q_len)
 
-    def new_value(self, layer: int, q_len: Optional[int] = None) -> Array:
+    def new_value(self, layer: int, q_len: Optional[int] = None) -> ArrayView:
         """Layer ``layer``'s new V: as :meth:`new_key`."""
         return self._view(layer, 3, self._given(layer, "new_value"), q_len)
 
@@ -363,7 +362,7 @@ def _host_staging_of(d: Dict[str, Any]) -> HostStaging:
     )
 
 
-def _as_array(view: Any, dtype: Any, backend: BackendKind) -> Array:
+def _as_array(view: Any, dtype: Any, backend: BackendKind) -> ArrayView:
     """An executor-owned buffer as the backend's natural array type, zero-copy."""
     if backend is BackendKind.HOST:
         import numpy as np
@@ -377,5 +376,5 @@ def _as_array(view: Any, dtype: Any, backend: BackendKind) -> Array:
     try:
         import torch
     except ImportError:
-        return view
-    return torch.from_dlpack(view)
+        return cast(ArrayView, view)  # the binding's DLPack object
+    return cast(ArrayView, torch.from_dlpack(view))

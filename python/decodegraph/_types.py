@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _core
+from ._arrays import ArrayLike
 from ._core import (
     BackendKind,
     BandSelect,
@@ -278,15 +280,15 @@ class LayerBuffers:
     ``rebind_layers`` replaces them.
     """
 
-    k_cache: Any
-    v_cache: Any
-    q: Any = None
-    out: Any = None
-    new_key: Any = None
-    new_value: Any = None
-    k_scale: Any = None
-    v_scale: Any = None
-    sinks: Any = None
+    k_cache: ArrayLike
+    v_cache: ArrayLike
+    q: Optional[ArrayLike] = None
+    out: Optional[ArrayLike] = None
+    new_key: Optional[ArrayLike] = None
+    new_value: Optional[ArrayLike] = None
+    k_scale: Optional[ArrayLike] = None
+    v_scale: Optional[ArrayLike] = None
+    sinks: Optional[ArrayLike] = None
 
     def __repr__(self) -> str:
         """Shapes and dtypes, never values (a cache's repr would print megabytes); None fields left out."""
@@ -597,9 +599,9 @@ class HostStaging:
     for as long as the executor's memory lives (they hold it), so keep them. Which set is yours to
     write is the one the last ``host_staging()`` call returned (the host backend: always the same)."""
 
-    seq_lens: Any
-    block_tables: Any
-    slot_mapping: Any
+    seq_lens: npt.NDArray[np.int32]
+    block_tables: npt.NDArray[np.int32]
+    slot_mapping: npt.NDArray[np.int64]
     block_table_stride: int
 
 

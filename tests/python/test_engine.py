@@ -285,3 +285,12 @@ def test_step_fast_path_takes_any_buffer_and_falls_back_for_errors(rng):
     assert ex.stats().rejected_steps == 4
 
 
+def test_signatures_name_array_types_not_any():
+    # Before: every array parameter of the stubs and wrappers was typed Any.
+    hints = typing.get_type_hints(dg.paged_attention_v1)
+    assert hints["q"] is dg.ArrayLike and hints["stream"] == dg.StreamLike
+    assert typing.get_type_hints(dg.append_kv)["slot_mapping"] is dg.ArrayLike
+    assert typing.get_type_hints(dg.Executor.step)["seq_lens"] is dg.ArrayLike
+    assert typing.get_type_hints(dg.Executor.query)["return"] is dg.ArrayView
+    assert typing.get_type_hints(dg.LayerBuffers)["k_cache"] is dg.ArrayLike
+    assert typing.get_type_hints(dg.HostStaging)["seq_lens"] != typing.Any
