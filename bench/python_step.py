@@ -4,7 +4,8 @@
 The issue-36 target: Python step() at most 2 us above C++ at batch 1, 64 and 256, median and p99.
 
 Both are timed on the same executor and the same inputs, in the same process, in alternating
-rounds (so load on a shared machine hits both alike):
+blocks of --steps steps (short blocks: a burst of load on a shared machine, which lasts
+milliseconds, then falls on both sides alike):
   C++     Executor::step called in a C++ loop (the binding's _time_cpp_steps), each call timed with
           std::chrono::steady_clock;
   Python  dg.Executor.step(seq_lens, block_tables, slot_mapping) as an engine calls it, numpy
@@ -16,8 +17,13 @@ heads of 128, bf16, blocks of 16), one layer, max_batch 256, max_seq_len 32768 (
 validation, bucket choice, staging and the replay of an empty recording. The garbage collector
 stays on, as in an engine. This is a benchmark, not a test: it asserts nothing.
 
-    python bench/python_step.py [--rounds 10] [--steps 2000] [--batches 1,64,256] [--json out.json]
+    python bench/python_step.py [--rounds 400] [--steps 50] [--batches 1,64,256] [--json out.json]
         [--inputs host|host_staging] [--band-select host|device] [--validation cheap|full]
+    python bench/python_step.py --layer-step [--batch 64] [--contexts 16,128,512]
+
+--layer-step times something else: a real step of one llama3-8b layer on the host backend (KV
+append and attention of every sequence, in C++ on the CPU, one thread), milliseconds per step at
+each context: what the host backend costs as an inference path (it is a correctness tool).
 
 Results: bench/results/host/ (with the date, the machine and the command).
 """
@@ -33,9 +39,12 @@ import sys
 import time
 from typing import Any, Dict, List
 
-import numpy as np
+# numpy's OpenBLAS threads would spin beside the benchmark on a small machine; nothing here uses BLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import decodegraph as dg
+import numpy as np  # noqa: E402
+
+import decodegraph as dg  # noqa: E402
 
 MAX_BATCH = 256
 MAX_SEQ_LEN = 32768
@@ -77,9 +86,9 @@ def run_batch(ex: dg.Executor, batch: int, args: argparse.Namespace) -> Dict[str
     lens, tables, slots = inputs(ex, batch, args.inputs == "host_staging")
     step = ex.step
     core = ex._core  # the binding: its _time_cpp_steps loop calls the C++ Executor::step
-    for _ in range(args.steps):  # warm-up: the graph is captured, caches and branch predictors warm
+    for _ in range(2000):  # warm-up: the graph is captured, caches and branch predictors warm
         step(lens, tables, slots)
-    core._time_cpp_steps(lens, tables, slots, 1, args.steps)
+    core._time_cpp_steps(lens, tables, slots, 1, 2000)
     cpp: List[int] = []
     py: List[int] = []
     timer: List[int] = []
@@ -90,7 +99,7 @@ def run_batch(ex: dg.Executor, batch: int, args: argparse.Namespace) -> Dict[str
             t0 = clock()
             step(lens, tables, slots)
             py.append(clock() - t0)
-        for _ in range(args.steps // 4):
+        for _ in range(max(1, args.steps // 4)):
             t0 = clock()
             timer.append(clock() - t0)
     cpp.sort()
@@ -103,6 +112,38 @@ def run_batch(ex: dg.Executor, batch: int, args: argparse.Namespace) -> Dict[str
     row["over_median_us"] = row["python_median_us"] - row["cpp_median_us"]
     row["over_p99_us"] = row["python_p99_us"] - row["cpp_p99_us"]
     return row
+
+
+def layer_step(args: argparse.Namespace) -> int:
+    """ms per step of one llama3-8b layer (append + attention) at batch args.batch, per context."""
+    bf16 = dg.numpy_dtype(SPEC.dtype)
+    rng = np.random.default_rng(0)
+    print(f"# machine: {machine()}")
+    print(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
+    print(f"# one llama3-8b layer (32 / 8 heads of 128, bf16, vllm layout), batch {args.batch}, append + attention, "
+          f"host backend; median of {args.repeats} steps after one warm-up")
+    print("| context | ms per step | min ms |")
+    print("| ---: | ---: | ---: |")
+    for ctx in (int(c) for c in args.contexts.split(",")):
+        per_seq = -(-ctx // SPEC.block_size)
+        blocks = args.batch * per_seq
+        layers = [dg.LayerBuffers(rng.standard_normal(SPEC.k_cache_shape(blocks), np.float32).astype(bf16),
+                                  rng.standard_normal(SPEC.v_cache_shape(blocks), np.float32).astype(bf16))]
+        ex = dg.Executor(spec=SPEC, layers=layers, max_batch=args.batch, max_seq_len=max(ctx, 16), backend="host",
+                         log_level="off")
+        lens = np.full(args.batch, ctx, np.int32)
+        tables = np.arange(blocks, dtype=np.int32).reshape(args.batch, per_seq)
+        pos = ctx - 1
+        slots = tables[:, pos // SPEC.block_size].astype(np.int64) * SPEC.block_size + pos % SPEC.block_size
+        ex.query(0)[:] = rng.standard_normal((args.batch, 32, 128), np.float32).astype(bf16)
+        ex.step(lens, tables, slots)
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            ex.step(lens, tables, slots)
+            times.append((time.perf_counter() - t0) * 1e3)
+        print(f"| {ctx} | {statistics.median(times):.1f} | {min(times):.1f} |")
+    return 0
 
 
 def machine() -> str:
@@ -122,20 +163,26 @@ def machine() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=10, help="alternating C++ / Python rounds (default 10)")
-    ap.add_argument("--steps", type=int, default=2000, help="steps per round and side (default 2000)")
+    ap.add_argument("--rounds", type=int, default=400, help="alternating C++ / Python blocks (default 400)")
+    ap.add_argument("--steps", type=int, default=50, help="steps per block and side (default 50)")
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--inputs", choices=["host", "host_staging"], default="host")
     ap.add_argument("--band-select", choices=["host", "device"], default="host")
     ap.add_argument("--validation", choices=["cheap", "full"], default="cheap")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--layer-step", action="store_true", help="time a real llama3-8b layer step instead")
+    ap.add_argument("--batch", type=int, default=64, help="--layer-step: sequences (default 64)")
+    ap.add_argument("--contexts", default="16,128,512", help="--layer-step: tokens per sequence")
+    ap.add_argument("--repeats", type=int, default=5, help="--layer-step: timed steps per context")
     args = ap.parse_args()
+    if args.layer_step:
+        return layer_step(args)
     ex = make_executor(args)
     rows = [run_batch(ex, int(b), args) for b in args.batches.split(",")]
     print(f"# machine: {machine()}")
     print(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
     print(f"# inputs {args.inputs}, band_select {args.band_select}, validation {args.validation}, "
-          f"{args.rounds} x {args.steps} steps per side and batch, microseconds per step()")
+          f"{args.rounds} blocks x {args.steps} steps per side and batch, alternating; microseconds per step()")
     print("| batch | C++ median | C++ p99 | Python median | Python p99 | Python - C++ median | "
           "Python - C++ p99 | timer median |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

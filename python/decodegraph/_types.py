@@ -478,8 +478,13 @@ class StepResult:
     (and band_hi, kernel, partition_size unknown, launch_id -1) when a kDevice graph chose the band on
     the device. ``graph_id`` names the graph replayed (``stats().graphs[].graph_id``: kHost one per
     launch, kDevice one per (q_len, batch bucket)); ``launch_id`` the launch it ran (``BucketPlan.graph_id``);
-    ``q_len`` the step's query tokens per sequence."""
+    ``q_len`` the step's query tokens per sequence.
 
+    Slotted (no instance dict, no field defaults): step() makes one per call, and the binding fills
+    its slots directly (python/src/convert.cpp), which costs a fraction of what ``__init__`` does."""
+
+    __slots__ = ("bucket", "bucket_batch_size", "band", "band_hi", "kernel", "partition_size", "band_on_device",
+                 "captured", "measured", "graph_id", "launch_id", "q_len")
     bucket: int
     bucket_batch_size: int
     band: int
@@ -491,7 +496,7 @@ class StepResult:
     measured: bool
     graph_id: int
     launch_id: int
-    q_len: int = 1
+    q_len: int
 
 
 @dataclass

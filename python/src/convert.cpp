@@ -5,6 +5,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <iterator>
+
+#include <structmember.h>
 
 namespace dgpy {
 namespace {
@@ -217,25 +220,40 @@ nb::dict to_py(const dg::MemoryReport& m) {
   return d;
 }
 
-nb::object step_result_to_py(const dg::StepResult& r, nb::handle cls) {
-  // decodegraph.StepResult (a dataclass whose __init__ only assigns its fields) made with
-  // object.__new__ and its fields set in declaration order: step() returns one per call, and the
-  // keyword __init__ costs ~0.5 us of the 2 us the Python step may add to the C++ one.
-  static const char* const kFields[] = {"bucket",  "bucket_batch_size", "band",     "band_hi",
-                                        "kernel",  "partition_size",    "band_on_device",
-                                        "captured", "measured",         "graph_id", "launch_id", "q_len"};
-  static PyObject* names[std::size(kFields)] = {};  // interned: immortal strings, never freed
-  if (!names[0])
-    for (std::size_t i = 0; i < std::size(kFields); ++i) names[i] = PyUnicode_InternFromString(kFields[i]);
-  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
-  nb::object obj = nb::steal(type->tp_new(type, nb::tuple().ptr(), nullptr));
-  if (!obj.is_valid()) throw nb::python_error();
-  const nb::object values[] = {nb::int_(r.bucket.value), nb::int_(r.bucket_batch_size), nb::int_(r.band),
-                               nb::int_(r.band_hi), nb::cast(r.kernel), nb::int_(r.partition_size),
-                               nb::bool_(r.band_on_device), nb::bool_(r.captured), nb::bool_(r.measured),
-                               nb::int_(r.graph_id), nb::int_(r.launch_id), nb::int_(r.q_len)};
-  for (std::size_t i = 0; i < std::size(kFields); ++i)
-    if (PyObject_GenericSetAttr(obj.ptr(), names[i], values[i].ptr()) != 0) throw nb::python_error();
+StepResultType::StepResultType(nb::handle cls) : cls_(nb::borrow(cls)) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls_.ptr());
+  for (std::size_t i = 0; i < std::size(kFields); ++i) {
+    names_[i] = nb::steal(PyUnicode_InternFromString(kFields[i]));
+    PyObject* d = PyDict_GetItemWithError(type->tp_dict, names_[i].ptr());  // borrowed
+    if (d && Py_TYPE(d) == &PyMemberDescr_Type) {
+      const PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+      if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) offsets_[i] = m->offset;
+    }
+    if (offsets_[i] < 0) direct_ = false;  // not the slotted class we know: set attributes instead
+  }
+  PyErr_Clear();
+}
+
+nb::object StepResultType::make(const dg::StepResult& r) const {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls_.ptr());
+  PyObject* values[std::size(kFields)] = {
+      PyLong_FromLong(r.bucket.value), PyLong_FromLong(r.bucket_batch_size), PyLong_FromLong(r.band),
+      PyLong_FromLong(r.band_hi), nb::cast(r.kernel).release().ptr(), PyLong_FromLong(r.partition_size),
+      PyBool_FromLong(r.band_on_device), PyBool_FromLong(r.captured), PyBool_FromLong(r.measured),
+      PyLong_FromLong(r.graph_id), PyLong_FromLong(r.launch_id), PyLong_FromLong(r.q_len)};
+  // object.__new__ (a plain class: tp_alloc, zeroed slots); the references in `values` move into
+  // its slots, or are released below.
+  nb::object obj = nb::steal(direct_ ? type->tp_alloc(type, 0) : type->tp_new(type, nb::tuple().ptr(), nullptr));
+  bool ok = obj.is_valid();
+  for (std::size_t i = 0; i < std::size(kFields); ++i) {
+    if (ok && direct_) {
+      *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj.ptr()) + offsets_[i]) = values[i];
+      continue;
+    }
+    ok = ok && PyObject_SetAttr(obj.ptr(), names_[i].ptr(), values[i]) == 0;
+    Py_XDECREF(values[i]);
+  }
+  if (!ok) throw nb::python_error();
   return obj;
 }
 

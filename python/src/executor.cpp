@@ -318,7 +318,7 @@ class PyExecutor {
   int device_id_ = 0;
   std::vector<LayerKeep>& layers_ = core_->layers;
   bool append_kv_ = true;  // config.append_kv: step() needs a slot_mapping
-  nb::object result_cls_;  // decodegraph.StepResult, looked up once
+  std::optional<StepResultType> result_type_;  // decodegraph.StepResult, looked up once
   std::atomic<long long> binding_rejected_{0};  // steps refused here, before the C++ step (stats())
   // host_staging(): one Python object per set of pinned buffers (the C++ ring hands out at most
   // three), made on first use and reused: its views stay valid as long as the executor's memory.
@@ -341,7 +341,7 @@ PyExecutor::PyExecutor(nb::handle config, nb::handle body) {
   layer_specs_ = cfg.layer_specs;
   max_batch_ = cfg.max_batch;
   append_kv_ = cfg.append_kv;
-  result_cls_ = nb::module_::import_("decodegraph._types").attr("StepResult");
+  result_type_.emplace(nb::module_::import_("decodegraph._types").attr("StepResult"));
   // Bad q_lens are the library's to reject (after this); only valid ones size the row checks.
   for (int q : cfg.q_lens)
     if (q >= 1 && q <= dg::kMaxQLen) max_q_len_ = std::max(max_q_len_, q);
@@ -524,11 +524,19 @@ nb::object PyExecutor::step_impl(nb::handle seq_lens, nb::handle block_tables, n
   const bool has_slots = !slot_mapping.is_none();
   const bool fast = fl.get(seq_lens) && ft.get(block_tables) && (!has_slots || fs.get(slot_mapping)) &&
                     fast_inputs(in, fl, ft, has_slots ? &fs : nullptr, q_len);
-  // General path: every array kind, every check with its message; the Tensors keep them alive.
-  Tensor lens, tables;
-  std::optional<Tensor> slots;
+  // General path: every array kind, every check with its message; the Tensors keep them alive
+  // (constructed only here: the fast path builds no std::string, no std::vector).
+  struct Imported {
+    Tensor lens, tables;
+    std::optional<Tensor> slots;
+  };
+  std::optional<Imported> general;
   if (!fast) {
     in = dg::StepInputs{};
+    general.emplace();
+    Tensor& lens = general->lens;
+    Tensor& tables = general->tables;
+    std::optional<Tensor>& slots = general->slots;
     lens = import_tensor(seq_lens, "seq_lens", false);
     require_elem(lens, Elem::kInt32, "");
     if (lens.ndim() != 1) throw_invalid("seq_lens.shape", lens.shape_text(), "[num_seqs]");
@@ -582,7 +590,7 @@ nb::object PyExecutor::step_impl(nb::handle seq_lens, nb::handle block_tables, n
     nb::gil_scoped_release nogil;
     r = stream_given ? ex_->step(in, s) : ex_->step(in);
   }
-  return step_result_to_py(r, result_cls_);
+  return result_type_->make(r);
 }
 
 // bench/python_step.py's yardstick: the C++ Executor::step on the same executor and inputs, in a
