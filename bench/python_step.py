@@ -17,8 +17,12 @@ heads of 128, bf16, blocks of 16), one layer, max_batch 256, max_seq_len 32768 (
 validation, bucket choice, staging and the replay of an empty recording. The garbage collector
 stays on, as in an engine. This is a benchmark, not a test: it asserts nothing.
 
-    python bench/python_step.py [--rounds 400] [--steps 50] [--batches 1,64,256] [--json out.json]
-        [--inputs host|host_staging] [--band-select host|device] [--validation cheap|full]
+    python bench/python_step.py [--runs 5] [--rounds 400] [--steps 50] [--batches 1,64,256]
+        [--json out.json] [--inputs host|host_staging] [--band-select host|device] [--validation cheap|full]
+
+With --runs N the whole measurement is made N times, and each cell is the median of the N runs'
+values with [min..max] beside it: the spread between runs, which on a shared machine is mostly the
+other processes' (a run that a burst of load hits shows in its p99s, not in the median of runs).
     python bench/python_step.py --layer-step [--batch 64] [--contexts 16,128,512]
 
 --layer-step times something else: a real step of one llama3-8b layer on the host backend (KV
@@ -85,16 +89,26 @@ def inputs(ex: dg.Executor, batch: int, staged: bool) -> tuple[Any, Any, Any]:
 def run_batch(ex: dg.Executor, batch: int, args: argparse.Namespace) -> Dict[str, Any]:
     lens, tables, slots = inputs(ex, batch, args.inputs == "host_staging")
     step = ex.step
-    core = ex._core  # the binding: its _time_cpp_steps loop calls the C++ Executor::step
+    # The binding's _time_cpp_steps loop calls the C++ Executor::step. A build without it (before
+    # issue 36) times the Python side only: its C++ columns then repeat the Python ones.
+    cpp_steps = getattr(ex._core, "_time_cpp_steps", None)
+    if cpp_steps is None:
+        def cpp_steps(lens: Any, tables: Any, slots: Any, q_len: int, iters: int) -> List[int]:
+            out = []
+            for _ in range(iters):
+                t0 = time.perf_counter_ns()
+                step(lens, tables, slots)
+                out.append(time.perf_counter_ns() - t0)
+            return out
     for _ in range(2000):  # warm-up: the graph is captured, caches and branch predictors warm
         step(lens, tables, slots)
-    core._time_cpp_steps(lens, tables, slots, 1, 2000)
+    cpp_steps(lens, tables, slots, 1, 2000)
     cpp: List[int] = []
     py: List[int] = []
     timer: List[int] = []
     clock = time.perf_counter_ns
     for _ in range(args.rounds):
-        cpp += core._time_cpp_steps(lens, tables, slots, 1, args.steps)
+        cpp += cpp_steps(lens, tables, slots, 1, args.steps)
         for _ in range(args.steps):
             t0 = clock()
             step(lens, tables, slots)
@@ -146,6 +160,25 @@ def layer_step(args: argparse.Namespace) -> int:
     return 0
 
 
+def summarise(per_run: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One batch's rows of every run: each value's median over the runs, with its min and max."""
+    out: Dict[str, Any] = {"batch": per_run[0]["batch"], "samples": per_run[0]["samples"], "runs": len(per_run)}
+    for k, v in per_run[0].items():
+        if k.endswith("_us"):
+            vals = [r[k] for r in per_run]
+            out[k] = statistics.median(vals)
+            out[k + "_min"], out[k + "_max"] = min(vals), max(vals)
+    return out
+
+
+def cell(r: Dict[str, Any], k: str, spread: bool, signed: bool) -> str:
+    fmt = "{:+.2f}" if signed else "{:.2f}"
+    text = fmt.format(r[k])
+    if spread:
+        text += f" [{fmt.format(r[k + '_min'])}..{fmt.format(r[k + '_max'])}]"
+    return text
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -163,6 +196,7 @@ def machine() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=1, help="whole measurements; cells: median [min..max] (default 1)")
     ap.add_argument("--rounds", type=int, default=400, help="alternating C++ / Python blocks (default 400)")
     ap.add_argument("--steps", type=int, default=50, help="steps per block and side (default 50)")
     ap.add_argument("--batches", default="1,64,256")
@@ -178,21 +212,26 @@ def main() -> int:
     if args.layer_step:
         return layer_step(args)
     ex = make_executor(args)
-    rows = [run_batch(ex, int(b), args) for b in args.batches.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    runs = [[run_batch(ex, b, args) for b in batches] for _ in range(args.runs)]
+    rows = [summarise([run[i] for run in runs]) for i in range(len(batches))]
     print(f"# machine: {machine()}")
     print(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
     print(f"# inputs {args.inputs}, band_select {args.band_select}, validation {args.validation}, "
           f"{args.rounds} blocks x {args.steps} steps per side and batch, alternating; microseconds per step()")
+    if args.runs > 1:
+        print(f"# {args.runs} runs: each cell the median of the runs' values [min..max]")
     print("| batch | C++ median | C++ p99 | Python median | Python p99 | Python - C++ median | "
           "Python - C++ p99 | timer median |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    keys = ["cpp_median_us", "cpp_p99_us", "python_median_us", "python_p99_us", "over_median_us", "over_p99_us",
+            "timer_median_us"]
     for r in rows:
-        print(f"| {r['batch']} | {r['cpp_median_us']:.2f} | {r['cpp_p99_us']:.2f} | {r['python_median_us']:.2f} | "
-              f"{r['python_p99_us']:.2f} | {r['over_median_us']:+.2f} | {r['over_p99_us']:+.2f} | "
-              f"{r['timer_median_us']:.2f} |")
+        cells = [cell(r, k, args.runs > 1, signed=k.startswith("over")) for k in keys]
+        print(f"| {r['batch']} | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "argv": sys.argv, "rows": rows}, f, indent=1)
+            json.dump({"machine": machine(), "argv": sys.argv, "runs": runs, "rows": rows}, f, indent=1)
     worst = max(max(r["over_median_us"], r["over_p99_us"]) for r in rows)
     print(f"# worst Python - C++: {worst:+.2f} us (target: <= 2 us); median of the per-batch medians "
           f"{statistics.median(r['over_median_us'] for r in rows):+.2f} us")
