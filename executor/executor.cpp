@@ -48,6 +48,7 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.ledger.budget = m.cfg.memory_budget_bytes;
   m.layers = std::make_unique<detail::LayerSet>(m.cfg, *m.backend, *m.memory, m.ledger);
   m.layers->check_device_ranges(m.cfg.layers);
+  m.layers->check_host_values(m.cfg.layers);
   m.layers->warn_missing_cache_sizes(m.cfg.layers, *m.log);
   // Band choice: the probe runs once here, outside any capture; a missing feature is a fallback.
   m.band_mode = detail::choose_band_select(m.cfg, *m.backend, *m.log, m.band_note);
@@ -144,6 +145,7 @@ StepResult Executor::Impl::step(const StepInputs& inputs, std::optional<Stream> 
     else
       bad_blocks->report(/*wait=*/false, steps, /*from_step=*/true);
     const detail::Lengths lens = staging->validate(inputs);
+    layers->check_host_values(cfg.layers);  // scales and sinks written since the last step
     const int bucket = plans->bucket_of_step(inputs.num_seqs, inputs.q_len);  // (q_len, batch bucket)
     const int batch = plans->plan(bucket, 0).batch;
     auto stage = [&] { staging->stage(inputs, batch, lens.band_len); };
@@ -198,6 +200,7 @@ void Executor::rebind_layers(std::vector<LayerBuffers> layers) {
   detail::DeviceScope device{*m.backend};
   // 1. Validation: nothing has changed when this throws.
   m.layers->check_rebind(layers, m.graphs->bytes());
+  m.layers->check_host_values(layers);
   m.layers->warn_missing_cache_sizes(layers, *m.log);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LayerBuffers> resolved = m.layers->resolve(layers);  // owned buffers are kept either way

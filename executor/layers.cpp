@@ -11,6 +11,8 @@
 #include "executor/config_checks.hpp"
 #include "executor/layer_groups.hpp"
 #include "executor/log.hpp"
+#include "executor/plan.hpp"
+#include "kernels/validate.hpp"
 
 namespace decodegraph::detail {
 
@@ -104,6 +106,23 @@ void LayerSet::warn_missing_cache_sizes(const std::vector<LayerBuffers>& given, 
            "be read and written out of bounds, unchecked. Give every layer's k_cache_bytes and v_cache_bytes "
            "(docs/integration.md, \"Cache sizes\"). Warned once per executor.",
            first, missing, cfg_.num_layers, cfg_.num_blocks, cache_bytes_needed(cfg_, first));
+}
+
+void LayerSet::check_host_values(const std::vector<LayerBuffers>& given) const {
+  if (backend_.kind() != BackendKind::kHost) return;
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const LayerBuffers& lb = given[static_cast<std::size_t>(l)];
+    const AttentionSpec& spec = layer_spec(cfg_, l);
+    if (!spec.fp8_kv() && lb.sinks == nullptr) continue;  // most layers: nothing to read
+    try {
+      check_host_scales(spec, lb.k_scale, lb.v_scale);
+      check_host_sinks(spec, lb.sinks);
+    } catch (const InvalidArgument& e) {
+      // The value check's own message ("v_scale[0] = nan is invalid; ..."), with its layer.
+      throw InvalidArgument("layers[" + std::to_string(l) + "]." + e.what() +
+                            " (read at every step: write a valid value before the next one)");
+    }
+  }
 }
 
 void LayerSet::check_rebind(const std::vector<LayerBuffers>& given, std::size_t graph_bytes) const {

@@ -33,6 +33,12 @@ class LayerSet {
   /// the driver's ranges, and the memory budget for owned buffers not allocated yet (with
   /// `graph_bytes` of graphs held).
   void check_rebind(const std::vector<LayerBuffers>& given, std::size_t graph_bytes) const;
+  /// Host backend (whose scales and sinks are host memory): every fp8 layer's k_scale / v_scale
+  /// value finite and > 0, every sink a finite logit or -inf, else InvalidArgument naming the layer
+  /// ("layers[2].v_scale[0] = nan ..."). At construction, in rebind_layers, and before every step
+  /// runs anything (the caller may write new values between steps; the kernels would otherwise meet
+  /// them mid-step). Nothing on CUDA, whose values are device memory the host does not read.
+  void check_host_values(const std::vector<LayerBuffers>& given) const;
   /// Bytes of executor-owned layer buffers `given` needs that are not allocated yet.
   std::size_t owned_bytes_missing(const std::vector<LayerBuffers>& given) const;
   /// `given` with every null q/out/new K/V replaced by the layer's executor-owned buffer (allocated

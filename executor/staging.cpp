@@ -86,19 +86,27 @@ Lengths StepStaging::validate(const StepInputs& in) {
   return Lengths{band_len, max_len};
 }
 
-// Every length in 1..max_seq_len and within the hint; returns the longest.
+// Every length 0 (a padded row) or in q_len..max_seq_len, and within the hint; returns the longest.
+// A padded row (vLLM pads a graph batch so) attends nothing and appends nothing: the kernels leave
+// its output rows untouched and skip its slots, which must be negative where they can be read here.
 int StepStaging::check_lengths(const StepInputs& in, const int32_t* lens) const {
   const int n = in.num_seqs;
   int max_len = 0;
+  bool padded = false;
   for (int i = 0; i < n; ++i) {
     const int len = lens[i];
+    if (len == 0) {
+      padded = true;
+      continue;
+    }
     if (len < in.q_len || len > cfg_.max_seq_len)
       throw_invalid("inputs.seq_lens[" + std::to_string(i) + "]", len,
-                    (in.q_len > 1 ? "q_len..max_seq_len = " : "1..max_seq_len = ") + std::to_string(in.q_len) + ".." +
-                        std::to_string(cfg_.max_seq_len) +
+                    "0 (a padded row) or " + std::string(in.q_len > 1 ? "q_len..max_seq_len = " : "1..max_seq_len = ") +
+                        std::to_string(in.q_len) + ".." + std::to_string(cfg_.max_seq_len) +
                         (in.q_len > 1 ? " (seq_lens count the step's q_len new tokens)" : ""));
     max_len = std::max(max_len, len);
   }
+  if (padded && in.slot_mapping && in.space == MemorySpace::kHost) check_padded_slots(in, lens, in.slot_mapping);
   if (in.max_seq_len != 0 && max_len > in.max_seq_len) {
     const int i = static_cast<int>(std::find(lens, lens + n, max_len) - lens);
     throw_invalid("inputs.max_seq_len", in.max_seq_len,
@@ -149,6 +157,7 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
            ": position seq_len - q_len + " + std::to_string(t % q) + " = " + std::to_string(lens[t / q] - q + t % q) + ")";
     return s;
   };
+  check_padded_slots(in, lens, slots);
   for (int t = 0; t < n * q; ++t)
     if (slots[t] >= cap)
       throw_invalid(slot_name(t), slots[t], "negative (skip) or 0..num_blocks*block_size-1 = 0.." + std::to_string(cap - 1));
@@ -163,6 +172,20 @@ void StepStaging::check_tables_and_slots(const StepInputs& in, const int32_t* le
     require_position_slot(slot_name(t), slots[t], len, row, in.block_table_stride, bs, cfg_.num_blocks,
                           "inputs.block_tables[" + std::to_string(i) + "]",
                           q > 1 ? "seq_len - q_len + " + std::to_string(t % q) : "seq_len - 1");
+  }
+}
+
+// A padded row's (seq_len 0) slots: negative, as the staging pads them. One it might write would
+// land where no position of the row is (the kernels skip it and report a slot mismatch).
+void StepStaging::check_padded_slots(const StepInputs& in, const int32_t* lens, const int64_t* slots) const {
+  const int q = in.q_len;
+  for (int i = 0; i < in.num_seqs; ++i) {
+    if (lens[i] != 0) continue;
+    for (int j = 0; j < q; ++j)
+      if (slots[static_cast<std::size_t>(i) * q + j] >= 0)
+        throw_invalid("inputs.slot_mapping[" + std::to_string(i * q + j) + "]", slots[static_cast<std::size_t>(i) * q + j],
+                      "negative: seq_lens[" + std::to_string(i) + "] = 0 marks a padded row, which appends nothing "
+                      "(pass -1 there, or live rows only)");
   }
 }
 

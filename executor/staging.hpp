@@ -41,7 +41,8 @@ class StepStaging {
   StepStaging(const ExecutorConfig& config, BandSelect band_mode, Backend& backend, Allocations& memory);
 
   /// Checks the inputs (docs/bad-input.md) and returns what it learnt about the lengths: the
-  /// max_seq_len hint when given, else the largest seq_len. Host inputs: every length is checked
+  /// max_seq_len hint when given, else the largest seq_len. A length 0 is a padded row (its slots,
+  /// where read, must be negative); every other is q_len..max_seq_len. Host inputs: every length is checked
   /// (and against the hint). Device-resident inputs without a hint are copied to the host under
   /// kHost (num_seqs * 4 bytes, synchronously on the step's stream) to find the band; with one,
   /// or under kDevice, nothing is read back under kCheap. kFull copies and checks everything:
@@ -71,6 +72,7 @@ class StepStaging {
  private:
   int check_lengths(const StepInputs& in, const int32_t* lens) const;
   void check_tables_and_slots(const StepInputs& in, const int32_t* lens);
+  void check_padded_slots(const StepInputs& in, const int32_t* lens, const int64_t* slots) const;
   void stage_inputs(const StepInputs& in, int batch, int band_len, bool synthetic);
   void stage_host(const StepInputs& in, int batch, std::size_t cols, const StagingRing::Slot& m);
   std::size_t mirror_table_bytes() const;

@@ -2,7 +2,7 @@
 // The input picks a valid small spec and executor config (kFull or kCheap), then up to four steps
 // whose inputs are mostly valid (random lengths, block tables shared between sequences, the slot of
 // each last position or a skip, batch sizes, sometimes a max_seq_len hint, sometimes written into
-// host_staging()) with the occasional bad value. Each step must either throw decodegraph::Error or
+// host_staging(), sometimes a padded row: length 0, slot -1) with the occasional bad value. Each step must either throw decodegraph::Error or
 // produce outputs that match the float64 reference; the eager host V1 and V2 on the same inputs must
 // match it too. Under kCheap a bad block id runs, clamped as the kernels clamp it (the reference
 // over the clamped table is the oracle), and check_errors() must then report it.
@@ -171,7 +171,14 @@ void run(FuzzedDataProvider& fdp) {
     if (bad && rows > 0) {  // one out-of-range value somewhere
       const int i = fdp.ConsumeIntegralInRange(0, rows - 1);
       switch (fdp.ConsumeIntegralInRange(0, 4)) {
-        case 0: lens[i] = fdp.ConsumeBool() ? 0 : c.max_seq_len + 1; break;
+        case 0:  // a padded row (valid with a -1 slot, rejected with its old one) or a length too long
+          if (fdp.ConsumeBool()) {
+            lens[i] = 0;
+            if (fdp.ConsumeBool()) slots[i] = -1;
+          } else {
+            lens[i] = c.max_seq_len + 1;
+          }
+          break;
         case 1:
           tables[static_cast<std::size_t>(i) * stride] = fdp.ConsumeBool() ? -1 : c.num_blocks;
           bad_id = true;
@@ -237,7 +244,7 @@ void run(FuzzedDataProvider& fdp) {
       DecodeArgs a;
       a.spec = c.spec;
       a.num_seqs = n;
-      a.max_seq_len = longest;
+      a.max_seq_len = std::max(longest, 1);  // every row padded: the eager calls still want a bound
       a.block_table_stride = stride;
       a.num_blocks = c.num_blocks;
       a.q = ex->query(l);
@@ -258,7 +265,7 @@ void run(FuzzedDataProvider& fdp) {
       host::paged_attention_v1(a);
       check_against_reference(a, ref, out.data(), amp, "host V1 differs from the reference");
       const int part = bs * fdp.ConsumeIntegralInRange(1, 8);
-      const std::size_t ws_bytes = v2_workspace_size(c.spec, n, longest, part);
+      const std::size_t ws_bytes = v2_workspace_size(c.spec, n, a.max_seq_len, part);
       Storage ws(ws_bytes);
       host::paged_attention_v2(a, part, ws.data(), ws_bytes);
       check_against_reference(a, ref, out.data(), amp, "host V2 differs from the reference");

@@ -190,9 +190,13 @@ def main() -> int:
     q0 = np.asarray(lb.q)[:n].reshape(n, SPEC.num_q_heads, SPEC.head_size)
     dg.paged_attention_v1(eager, q0, lb.k_cache, lb.v_cache, seqs.tables[:n], seqs.lens[:n])
     graph = np.asarray(lb.out)[:n].astype(np.float64)
-    err = float(np.max(np.abs(graph - eager.astype(np.float64)) / (8e-3 + 1.6e-2 * np.abs(eager.astype(np.float64)))))
+    # Each is within the library's bf16 bound of the exact value (docs/python.md, "Accuracy":
+    # 1e-4 + 2^-8 |ref|, 1 % slack), so they are within twice it of each other (one may round up
+    # where the other rounds down).
+    e64 = eager.astype(np.float64)
+    err = float(np.max(np.abs(graph - e64) / (2 * (1e-4 + 1.01 * 2.0**-8 * np.abs(e64)))))
     print(f"last step, layer 0: executor ({last.kernel.name}) against eager V1: worst error "
-          f"{err:.2f} of the bf16 tolerance")
+          f"{err:.2f} of twice the bf16 bound")
     if err > 1.0:
         print("MISMATCH between the executor and the eager call", file=sys.stderr)
         return 1

@@ -345,7 +345,9 @@ struct ExecutorConfig {
 struct StepInputs {
   int num_seqs = 0;
   /// [num_seqs] tokens of each sequence INCLUDING the n tokens appended this step (their new K/V):
-  /// n..max_seq_len. Attention covers positions 0 .. seq_len - 1.
+  /// n..max_seq_len. Attention covers positions 0 .. seq_len - 1. 0 marks a padded row (vLLM pads
+  /// a graph batch so, as the eager calls accept): its output rows are left untouched and it
+  /// appends nothing, so its slots must be negative (-1); host inputs are checked for that.
   const int32_t* seq_lens = nullptr;
   const int32_t* block_tables = nullptr;  // [num_seqs, block_table_stride] block ids
   /// Entries per row; at least ceil(longest seq_len / block_size), may be wider than

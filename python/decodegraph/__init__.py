@@ -30,6 +30,7 @@ from ._core import (
     PlanReason,
     ValidationLevel,
 )
+from ._arrays import ArrayLike, ArrayView, DLPackArray, StreamLike
 from ._eager import append_kv, paged_attention_v1, paged_attention_v2, v2_workspace_size
 from ._executor import Executor, StepBody, StepContext
 from ._types import (
@@ -104,7 +105,7 @@ def plan_buckets(config: ExecutorConfig) -> List[BucketPlan]:
 
 
 __all__ = [
-    "AttentionSpec", "BackendKind", "BandSelect", "BucketPlan", "CapturePolicy", "CudaError",
+    "ArrayLike", "ArrayView", "DLPackArray", "StreamLike", "AttentionSpec", "BackendKind", "BandSelect", "BucketPlan", "CapturePolicy", "CudaError",
     "DType", "DeviceModel", "Error", "Executor", "ExecutorConfig", "ExecutorStats", "GraphStats",
     "HostStaging", "InvalidArgument", "CorruptedStepReport", "KVCacheDType", "KVLayout", "KernelKind", "KernelPolicy",
     "LayerBuffers",

@@ -30,36 +30,33 @@ Shapes:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from . import _core
+from ._arrays import A, ArrayLike, StreamLike
 from ._types import AttentionSpec
-
-Array = Any
-"""Any array the binding accepts: numpy, torch, or anything with ``__dlpack__``,
-``__cuda_array_interface__`` or the buffer protocol."""
 
 
 def paged_attention_v1(
-    out: Array,
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    block_tables: Array,
-    seq_lens: Array,
+    out: A,
+    q: ArrayLike,
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    block_tables: ArrayLike,
+    seq_lens: ArrayLike,
     *,
     max_seq_len: int = 0,
     scale: float = 0.0,
-    alibi_slopes: Optional[Array] = None,
-    k_scale: Optional[Array] = None,
-    v_scale: Optional[Array] = None,
+    alibi_slopes: Optional[ArrayLike] = None,
+    k_scale: Optional[ArrayLike] = None,
+    v_scale: Optional[ArrayLike] = None,
     kv_cache_dtype: str = "auto",
     sliding_window: int = 0,
     logit_softcap: float = 0.0,
-    sinks: Optional[Array] = None,
+    sinks: Optional[ArrayLike] = None,
     q_len: Optional[int] = None,
-    stream: Any = None,
-) -> Array:
+    stream: StreamLike = None,
+) -> A:
     """Single-pass paged decode attention (V1): ``out = softmax(scale * q K^T + alibi) V`` per
     sequence and query head, over the ``seq_lens[i]`` tokens of sequence i's blocks.
 
@@ -94,36 +91,37 @@ def paged_attention_v1(
     Raises:
         InvalidArgument: a bad array (naming it) or a bad length / block id (host arrays).
     """
-    return _core.paged_attention_v1(
+    _core.paged_attention_v1(
         out, q, k_cache, v_cache, block_tables, seq_lens,
         max_seq_len=max_seq_len, scale=scale, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
         kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window, logit_softcap=logit_softcap,
         sinks=sinks, q_len=q_len, stream=stream,
     )
+    return out
 
 
 def paged_attention_v2(
-    out: Array,
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    block_tables: Array,
-    seq_lens: Array,
+    out: A,
+    q: ArrayLike,
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    block_tables: ArrayLike,
+    seq_lens: ArrayLike,
     *,
     partition_size: int,
-    workspace: Optional[Array] = None,
+    workspace: Optional[ArrayLike] = None,
     max_seq_len: int = 0,
     scale: float = 0.0,
-    alibi_slopes: Optional[Array] = None,
-    k_scale: Optional[Array] = None,
-    v_scale: Optional[Array] = None,
+    alibi_slopes: Optional[ArrayLike] = None,
+    k_scale: Optional[ArrayLike] = None,
+    v_scale: Optional[ArrayLike] = None,
     kv_cache_dtype: str = "auto",
     sliding_window: int = 0,
     logit_softcap: float = 0.0,
-    sinks: Optional[Array] = None,
+    sinks: Optional[ArrayLike] = None,
     q_len: Optional[int] = None,
-    stream: Any = None,
-) -> Array:
+    stream: StreamLike = None,
+) -> A:
     """Two-pass paged decode attention (V2): pass 1 writes fp32 partials per partition of
     ``partition_size`` tokens, pass 2 merges them in a fixed order. Same result as V1 within rounding.
 
@@ -136,13 +134,14 @@ def paged_attention_v2(
     Returns:
         ``out``.
     """
-    return _core.paged_attention_v2(
+    _core.paged_attention_v2(
         out, q, k_cache, v_cache, block_tables, seq_lens,
         partition_size=partition_size, workspace=workspace, max_seq_len=max_seq_len,
         scale=scale, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
         kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window, logit_softcap=logit_softcap,
         sinks=sinks, q_len=q_len, stream=stream,
     )
+    return out
 
 
 def v2_workspace_size(spec: AttentionSpec, num_seqs: int, max_seq_len: int, partition_size: int, *,
@@ -154,16 +153,16 @@ def v2_workspace_size(spec: AttentionSpec, num_seqs: int, max_seq_len: int, part
 
 
 def append_kv(
-    key: Array,
-    value: Array,
-    k_cache: Array,
-    v_cache: Array,
-    slot_mapping: Array,
+    key: ArrayLike,
+    value: ArrayLike,
+    k_cache: ArrayLike,
+    v_cache: ArrayLike,
+    slot_mapping: ArrayLike,
     *,
-    k_scale: Optional[Array] = None,
-    v_scale: Optional[Array] = None,
+    k_scale: Optional[ArrayLike] = None,
+    v_scale: Optional[ArrayLike] = None,
     kv_cache_dtype: str = "auto",
-    stream: Any = None,
+    stream: StreamLike = None,
 ) -> None:
     """Writes each token's new K/V into the paged caches (vLLM's reshape_and_cache). fp8 caches
     store the code of x / scale: round to nearest even, saturated to +-max (448 E4M3, 57344 E5M2;

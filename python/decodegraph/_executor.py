@@ -6,7 +6,8 @@ Keep-alive rules:
   is destroyed or :meth:`Executor.rebind_layers` replaces them; their addresses are fixed into the
   graphs, so they must not be resized or reallocated in place meanwhile.
 - The views it returns (:meth:`Executor.query` & co., :meth:`Executor.host_staging`) hold the
-  executor: its buffers live as long as any view of them.
+  executor's memory (its buffers and the arrays it was given), not the Python object: the memory
+  lives as long as any view of it, and the executor itself is freed as usual.
 - The step body, and the host callbacks it enqueues, are held by the executor. A body or callback
   that refers back to the executor object forms a cycle that Python's collector frees; a callback
   that holds a *view* forms one it cannot see through (numpy arrays do not take part in cycle
@@ -16,9 +17,10 @@ Keep-alive rules:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union, cast
 
 from . import _core
+from ._arrays import ArrayLike, ArrayView, StreamLike
 from ._core import BackendKind, BandSelect, DType
 from ._errors import InvalidArgument
 from ._types import (
@@ -32,8 +34,6 @@ from ._types import (
     StepResult,
     replace_config,
 )
-
-Array = Any
 
 
 class StepContext:
@@ -124,11 +124,11 @@ class Executor:
 
     def step(
         self,
-        seq_lens: Array,
-        block_tables: Array,
-        slot_mapping: Optional[Array] = None,
+        seq_lens: ArrayLike,
+        block_tables: ArrayLike,
+        slot_mapping: Optional[ArrayLike] = None,
         *,
-        stream: Any = None,
+        stream: StreamLike = None,
         max_seq_len: Optional[int] = None,
         q_len: int = 1,
     ) -> StepResult:
@@ -136,7 +136,9 @@ class Executor:
 
         Args:
             seq_lens: int32 [num_seqs], each sequence's tokens including the ``q_len`` appended this
-                step (so each at least ``q_len``).
+                step (so each at least ``q_len``), or 0 for a padded row (vLLM's padding of a graph
+                batch: its output rows are left untouched and it appends nothing; its slots must
+                be negative).
             block_tables: int32 [num_seqs, block_table_stride], contiguous.
             slot_mapping: int64 [num_seqs, q_len]: entry (i, j) is the slot of position
                 seq_len - q_len + j (negative: skip that token's append); [num_seqs] also when
@@ -159,10 +161,8 @@ class Executor:
                 given a wrong slot; this call ran nothing: submit it again, re-prefill the sequence.
             InvalidArgument: bad input; nothing ran and the executor is unchanged.
         """
-        d = self._core.step(
-            seq_lens, block_tables, slot_mapping, stream=stream, max_seq_len=max_seq_len or 0, q_len=q_len
-        )
-        return StepResult(**d)
+        # Positional (cheaper than keywords): the binding returns the StepResult itself.
+        return self._core.step(seq_lens, block_tables, slot_mapping, stream, max_seq_len or 0, q_len)
 
     def capture_all(self) -> None:
         """Captures every bucket now (what ``capture="up_front"`` does in the constructor)."""
@@ -187,27 +187,27 @@ class Executor:
 
     # ------------------------------------------------------------------ buffers (zero-copy views)
 
-    def _view(self, layer: int, which: int, given: Any, q_len: Optional[int]) -> Array:
+    def _view(self, layer: int, which: int, given: Any, q_len: Optional[int]) -> ArrayView:
         core = (self._core.query, self._core.output, self._core.new_key, self._core.new_value)[which]
         v = core(layer, q_len)  # checks layer and q_len, also for a caller buffer
         if given is None:
             return _as_array(v, self._config.spec.dtype, self.backend)
         if q_len is None:
-            return given
+            return cast(ArrayView, given)  # numpy and torch arrays are ArrayViews
         # A caller buffer [rows, heads, head_size] or [rows, heads * head_size]: its first
         # max_batch * q_len rows as [max_batch, q_len, heads, head_size] (a view where the array
         # type reshapes without copying: numpy, torch).
         s = self.layer_spec(layer)
         heads = s.num_q_heads if which < 2 else s.num_kv_heads
         mb = self._config.max_batch
-        return given[: mb * q_len].reshape(mb, q_len, heads, s.head_size)
+        return cast(ArrayView, given[: mb * q_len].reshape(mb, q_len, heads, s.head_size))
 
     def _given(self, layer: int, name: str) -> Any:
         if 0 <= layer < len(self._layers):
             return getattr(self._layers[layer], name)
         return None
 
-    def query(self, layer: int, q_len: Optional[int] = None) -> Array:
+    def query(self, layer: int, q_len: Optional[int] = None) -> ArrayView:
         """Layer ``layer``'s q, written by you before a step: [max_batch * max(q_lens), num_q_heads,
         head_size] of its spec (every row; [max_batch, ...] with the default ``q_lens``), or with
         ``q_len`` n (one of :attr:`q_lens`) the rows a step of n uses as [max_batch, n,
@@ -217,32 +217,29 @@ class Executor:
         one in LayerBuffers (with ``q_len``, its first rows reshaped)."""
         return self._view(layer, 0, self._given(layer, "q"), q_len)
 
-    def output(self, layer: int, q_len: Optional[int] = None) -> Array:
+    def output(self, layer: int, q_len: Optional[int] = None) -> ArrayView:
         """Layer ``layer``'s attention output, shaped as :meth:`query`; rows past the step's
         num_seqs (x q_len) are padding. A view, as :meth:`query`."""
         return self._view(layer, 1, self._given(layer, "out"), q_len)
 
-    def new_key(self, layer: int, q_len: Optional[int] = None) -> Array:
+    def new_key(self, layer: int, q_len: Optional[int] = None) -> ArrayView:
         """Layer ``layer``'s new K, appended at slot_mapping each step: as :meth:`query` with
         num_kv_heads."""
         return self._view(layer, 2, self._given(layer, "new_key"), q_len)
 
-    def new_value(self, layer: int, q_len: Optional[int] = None) -> Array:
+    def new_value(self, layer: int, q_len: Optional[int] = None) -> ArrayView:
         """Layer ``layer``'s new V: as :meth:`new_key`."""
         return self._view(layer, 3, self._given(layer, "new_value"), q_len)
 
     def host_staging(self) -> HostStaging:
-        """The pinned host staging buffers as numpy views (valid until the next step): inputs written
-        there and passed to step() as they are skip step()'s copy."""
-        d = self._core.host_staging()
-        import numpy as np
-
-        return HostStaging(
-            seq_lens=np.asarray(d["seq_lens"]),
-            block_tables=np.asarray(d["block_tables"]),
-            slot_mapping=np.asarray(d["slot_mapping"]),
-            block_table_stride=int(d["block_table_stride"]),
-        )
+        """The pinned host staging buffers to write the next step's inputs into, as numpy views:
+        inputs written there and passed to step() as they are skip step()'s copy. The executor has
+        at most three sets (the host backend uses one); each one's :class:`HostStaging` is made once
+        and returned again whenever that set is handed out, so the call is cheap and the views stay
+        valid for as long as the executor's memory (they hold it). CUDA: call it before writing each
+        step's inputs; it waits until the set it returns is no longer read by an earlier step."""
+        staging: HostStaging = self._core.host_staging(_host_staging_of)
+        return staging
 
     # ------------------------------------------------------------------ plans and statistics
 
@@ -353,7 +350,19 @@ class Executor:
                 + (f", q_lens={self.q_lens}" if self.q_lens != [1] else "") + ")")
 
 
-def _as_array(view: Any, dtype: Any, backend: BackendKind) -> Array:
+def _host_staging_of(d: Dict[str, Any]) -> HostStaging:
+    """One set of staging buffers as numpy views (the binding calls it once per set)."""
+    import numpy as np
+
+    return HostStaging(
+        seq_lens=np.asarray(d["seq_lens"]),
+        block_tables=np.asarray(d["block_tables"]),
+        slot_mapping=np.asarray(d["slot_mapping"]),
+        block_table_stride=int(d["block_table_stride"]),
+    )
+
+
+def _as_array(view: Any, dtype: Any, backend: BackendKind) -> ArrayView:
     """An executor-owned buffer as the backend's natural array type, zero-copy."""
     if backend is BackendKind.HOST:
         import numpy as np
@@ -367,5 +376,5 @@ def _as_array(view: Any, dtype: Any, backend: BackendKind) -> Array:
     try:
         import torch
     except ImportError:
-        return view
-    return torch.from_dlpack(view)
+        return cast(ArrayView, view)  # the binding's DLPack object
+    return cast(ArrayView, torch.from_dlpack(view))

@@ -14,7 +14,11 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from . import _core
+from ._arrays import ArrayLike
 from ._core import (
     BackendKind,
     BandSelect,
@@ -70,8 +74,6 @@ def coerce_enum(cls: Type[E], value: Any, name: str) -> E:
 
 def numpy_dtype(dtype: DType | str) -> Any:
     """The numpy dtype of ``dtype``: float16, ml_dtypes.bfloat16 or float32."""
-    import numpy as np
-
     d = coerce_enum(DType, dtype, "dtype")
     if d is DType.BF16:
         import ml_dtypes
@@ -82,18 +84,44 @@ def numpy_dtype(dtype: DType | str) -> Any:
 
 def kv_numpy_dtype(spec: "AttentionSpec") -> Any:
     """The numpy dtype of ``spec``'s KV caches: the model dtype's (:func:`numpy_dtype`) for
-    ``kv_dtype`` auto, ml_dtypes.float8_e4m3fn / float8_e5m2 for fp8 caches (numpy uint8 arrays
-    of the raw codes are accepted too)."""
-    import numpy as np
-
-    if spec.kv_dtype is KVCacheDType.AUTO:
+    ``kv_cache_dtype`` auto, ml_dtypes.float8_e4m3fn / float8_e5m2 for fp8 caches (numpy uint8
+    arrays of the raw codes are accepted too)."""
+    if spec.kv_cache_dtype is KVCacheDType.AUTO:
         return numpy_dtype(spec.dtype)
     import ml_dtypes
 
-    return np.dtype(ml_dtypes.float8_e4m3fn if spec.kv_dtype is KVCacheDType.FP8_E4M3 else ml_dtypes.float8_e5m2)
+    fp8 = ml_dtypes.float8_e4m3fn if spec.kv_cache_dtype is KVCacheDType.FP8_E4M3 else ml_dtypes.float8_e5m2
+    return np.dtype(fp8)
 
 
-@dataclass
+def _array_text(a: Any) -> str:
+    """A short description of an array: its type, dtype, shape and (torch) device, never its values."""
+    shape = getattr(a, "shape", None)
+    if shape is None:
+        return f"<{type(a).__name__}>"
+    dtype = str(getattr(a, "dtype", "?")).replace("torch.", "")
+    device = getattr(a, "device", None)
+    where = f", {device}" if device is not None and str(device) not in ("cpu",) else ""
+    return f"{type(a).__name__}({dtype}, {tuple(int(e) for e in shape)}{where})"
+
+
+def _list_text(items: Sequence[Any], what: str) -> str:
+    """A list of many similar objects, each kind once with its count: "[2 x LayerBuffers(...)]"."""
+    if not items:
+        return "[]"
+    runs: List[Tuple[str, int]] = []
+    for item in items:
+        text = repr(item)
+        if runs and runs[-1][0] == text:
+            runs[-1] = (text, runs[-1][1] + 1)
+        else:
+            runs.append((text, 1))
+    if len(runs) > 4:  # many distinct ones: the count and the first
+        return f"[{len(items)} {what}: {runs[0][0]}, ...]"
+    return "[" + ", ".join(text if n == 1 else f"{n} x {text}" for text, n in runs) + "]"
+
+
+@dataclass(init=False)
 class AttentionSpec:
     """The static shape of one attention layer (C++ ``AttentionSpec``).
 
@@ -103,9 +131,10 @@ class AttentionSpec:
       x = 16 bytes / element size, V ``[num_blocks, num_kv_heads, head_size, block_size]``;
     - ``nhd``: K and V ``[num_blocks, block_size, num_kv_heads, head_size]``.
 
-    ``kv_dtype`` is the caches' element type, vLLM's ``kv_cache_dtype`` names: ``"auto"`` (the
-    model ``dtype``), ``"fp8"`` / ``"fp8_e4m3"`` (OCP E4M3FN) or ``"fp8_e5m2"``; fp8 caches need
-    ``dtype`` fp16 or bf16 and each layer's ``k_scale`` / ``v_scale`` (:class:`LayerBuffers`):
+    ``kv_cache_dtype`` (vLLM's name, as the eager calls take it; ``kv_dtype``, the C++ field's
+    name, is an alias) is the caches' element type, vLLM's ``kv_cache_dtype`` strings: ``"auto"``
+    (the model ``dtype``), ``"fp8"`` / ``"fp8_e4m3"`` (OCP E4M3FN) or ``"fp8_e5m2"``; fp8 caches
+    need ``dtype`` fp16 or bf16 and each layer's ``k_scale`` / ``v_scale`` (:class:`LayerBuffers`):
     K = code * k_scale, V = code * v_scale, with one scale per layer, or one per KV head when
     ``kv_scale_per_head``.
 
@@ -123,16 +152,52 @@ class AttentionSpec:
     dtype: DType = DType.BF16
     layout: KVLayout = KVLayout.VLLM
     scale: float = 0.0
-    kv_dtype: KVCacheDType = KVCacheDType.AUTO
+    kv_cache_dtype: KVCacheDType = KVCacheDType.AUTO
     kv_scale_per_head: bool = False
     sliding_window: int = 0
     logit_softcap: float = 0.0
 
+    def __init__(self, num_q_heads: int = 32, num_kv_heads: int = 8, head_size: int = 128, block_size: int = 16,
+                 dtype: DType | str = DType.BF16, layout: KVLayout | str = KVLayout.VLLM, scale: float = 0.0,
+                 kv_cache_dtype: KVCacheDType | str | None = None, kv_scale_per_head: bool = False,
+                 sliding_window: int = 0, logit_softcap: float = 0.0, *,
+                 kv_dtype: KVCacheDType | str | None = None) -> None:
+        kv = KVCacheDType.AUTO
+        if kv_cache_dtype is not None:
+            kv = coerce_enum(KVCacheDType, kv_cache_dtype, "spec.kv_cache_dtype")
+        if kv_dtype is not None:  # the alias, named as given in its messages
+            alias = coerce_enum(KVCacheDType, kv_dtype, "spec.kv_dtype")
+            if kv_cache_dtype is not None and alias is not kv:
+                raise InvalidArgument(f"kv_dtype = {kv_dtype!r} is invalid; allowed: kv_cache_dtype's value "
+                                      f"{kv_cache_dtype!r}, or not given (kv_dtype is an alias of kv_cache_dtype)")
+            kv = alias
+        self.num_q_heads = num_q_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.block_size = block_size
+        self.dtype = dtype  # type: ignore[assignment]  # normalised below
+        self.layout = layout  # type: ignore[assignment]
+        self.scale = scale
+        self.kv_cache_dtype = kv
+        self.kv_scale_per_head = kv_scale_per_head
+        self.sliding_window = sliding_window
+        self.logit_softcap = logit_softcap
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         self.dtype = coerce_enum(DType, self.dtype, "spec.dtype")
         self.layout = coerce_enum(KVLayout, self.layout, "spec.layout")
-        self.kv_dtype = coerce_enum(KVCacheDType, self.kv_dtype, "spec.kv_dtype")
+        self.kv_cache_dtype = coerce_enum(KVCacheDType, self.kv_cache_dtype, "spec.kv_cache_dtype")
         self.kv_scale_per_head = bool(self.kv_scale_per_head)
+
+    @property
+    def kv_dtype(self) -> KVCacheDType:
+        """Alias of :attr:`kv_cache_dtype` (the C++ field's name)."""
+        return self.kv_cache_dtype
+
+    @kv_dtype.setter
+    def kv_dtype(self, value: KVCacheDType | str) -> None:
+        self.kv_cache_dtype = coerce_enum(KVCacheDType, value, "spec.kv_dtype")
 
     @property
     def group_size(self) -> int:
@@ -147,7 +212,7 @@ class AttentionSpec:
     @property
     def kv_elem_size(self) -> int:
         """Bytes of one cache element: 1 for fp8 caches, else the model dtype's size."""
-        if self.kv_dtype is not KVCacheDType.AUTO:
+        if self.kv_cache_dtype is not KVCacheDType.AUTO:
             return 1
         return 2 if self.dtype in (DType.FP16, DType.BF16) else 4
 
@@ -215,15 +280,21 @@ class LayerBuffers:
     ``rebind_layers`` replaces them.
     """
 
-    k_cache: Any
-    v_cache: Any
-    q: Any = None
-    out: Any = None
-    new_key: Any = None
-    new_value: Any = None
-    k_scale: Any = None
-    v_scale: Any = None
-    sinks: Any = None
+    k_cache: ArrayLike
+    v_cache: ArrayLike
+    q: Optional[ArrayLike] = None
+    out: Optional[ArrayLike] = None
+    new_key: Optional[ArrayLike] = None
+    new_value: Optional[ArrayLike] = None
+    k_scale: Optional[ArrayLike] = None
+    v_scale: Optional[ArrayLike] = None
+    sinks: Optional[ArrayLike] = None
+
+    def __repr__(self) -> str:
+        """Shapes and dtypes, never values (a cache's repr would print megabytes); None fields left out."""
+        parts = [f"{f.name}={_array_text(getattr(self, f.name))}" for f in dataclasses.fields(self)
+                 if getattr(self, f.name) is not None]
+        return f"LayerBuffers({', '.join(parts)})"
 
 
 @dataclass
@@ -314,6 +385,23 @@ class ExecutorConfig:
         """Layer ``layer``'s spec: ``layer_specs[layer]``, or ``spec`` when layer_specs is empty."""
         return self.layer_specs[layer] if self.layer_specs else self.spec
 
+    def __repr__(self) -> str:
+        """One line: every field, the layers and layer specs as counts of each kind (shapes and
+        dtypes, never array values), ALiBi slopes as a count."""
+        parts = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "layers":
+                text = _list_text(v, "LayerBuffers")
+            elif f.name == "layer_specs":
+                text = _list_text(v, "AttentionSpec")
+            elif f.name == "alibi_slopes" and v is not None:
+                text = f"<{len(v)} floats>"
+            else:
+                text = repr(v)
+            parts.append(f"{f.name}={text}")
+        return f"ExecutorConfig({', '.join(parts)})"
+
 
 @dataclass
 class PlanCandidate:
@@ -390,8 +478,13 @@ class StepResult:
     (and band_hi, kernel, partition_size unknown, launch_id -1) when a kDevice graph chose the band on
     the device. ``graph_id`` names the graph replayed (``stats().graphs[].graph_id``: kHost one per
     launch, kDevice one per (q_len, batch bucket)); ``launch_id`` the launch it ran (``BucketPlan.graph_id``);
-    ``q_len`` the step's query tokens per sequence."""
+    ``q_len`` the step's query tokens per sequence.
 
+    Slotted (no instance dict, no field defaults): step() makes one per call, and the binding fills
+    its slots directly (python/src/convert.cpp), which costs a fraction of what ``__init__`` does."""
+
+    __slots__ = ("bucket", "bucket_batch_size", "band", "band_hi", "kernel", "partition_size", "band_on_device",
+                 "captured", "measured", "graph_id", "launch_id", "q_len")
     bucket: int
     bucket_batch_size: int
     band: int
@@ -403,7 +496,7 @@ class StepResult:
     measured: bool
     graph_id: int
     launch_id: int
-    q_len: int = 1
+    q_len: int
 
 
 @dataclass
@@ -463,14 +556,16 @@ class ExecutorStats:
     input_downloads: int
     staging_copy_bytes: int
     bad_block_reports: int
-    replays_v1: int
-    replays_v2: int
+    replays_v1: int  # V1 launches replayed, summed over every layer group (one per group per replay)
+    replays_v2: int  # the same for V2
     group_replays: List[Tuple[int, int]] = field(default_factory=list)  # [group] -> (V1, V2) replays
 
-    def replays(self, kind: KernelKind | str, group: int = 0) -> int:
-        """Replays of ``kind``'s launches in layer group ``group`` (C++ ``ExecutorStats::replays``)."""
+    def replays(self, kind: KernelKind | str, group: Optional[int] = None) -> int:
+        """Replays of ``kind``'s launches: in layer group ``group`` (C++ ``ExecutorStats::replays``),
+        or with ``group`` None summed over every group (``replays_v1`` / ``replays_v2``): a step
+        whose group 0 runs V1 and group 1 V2 counts one of each. One layer group: the same."""
         v1 = coerce_enum(KernelKind, kind, "kind") is KernelKind.V1
-        if group == 0:
+        if group is None:
             return self.replays_v1 if v1 else self.replays_v2
         if not 0 <= group < len(self.group_replays):
             raise InvalidArgument(f"group = {group} is invalid; allowed: a layer group 0..{len(self.group_replays) - 1}")
@@ -502,11 +597,16 @@ class HostStaging:
     pass (slices of) them to ``step()``, which then skips its copy. ``block_tables`` is
     ``[max_batch, block_table_stride]``; pass ``block_tables[:n]``. ``slot_mapping`` holds
     ``max_batch * max(q_lens)`` entries: pass ``slot_mapping[:n]`` (q_len 1) or
-    ``slot_mapping[:n * q_len].reshape(n, q_len)``."""
+    ``slot_mapping[:n * q_len].reshape(n, q_len)``.
 
-    seq_lens: Any
-    block_tables: Any
-    slot_mapping: Any
+    ``Executor.host_staging()`` returns one of at most three such objects (one per set of pinned
+    buffers the executor has), made once and reused: the views stay valid, at the same addresses,
+    for as long as the executor's memory lives (they hold it), so keep them. Which set is yours to
+    write is the one the last ``host_staging()`` call returned (the host backend: always the same)."""
+
+    seq_lens: npt.NDArray[np.int32]
+    block_tables: npt.NDArray[np.int32]
+    slot_mapping: npt.NDArray[np.int64]
     block_table_stride: int
 
 

@@ -5,6 +5,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <iterator>
+
+#include <structmember.h>
 
 namespace dgpy {
 namespace {
@@ -25,7 +28,7 @@ dg::AttentionSpec spec_from_py(nb::handle o) {
   s.dtype = get<dg::DType>(o, "dtype");
   s.layout = get<dg::KVLayout>(o, "layout");
   s.scale = get<float>(o, "scale");
-  s.kv_dtype = get<dg::KVCacheDType>(o, "kv_dtype");
+  s.kv_dtype = get<dg::KVCacheDType>(o, "kv_cache_dtype");  // vLLM's name (AttentionSpec.kv_dtype is an alias)
   s.kv_scale_per_head = get<bool>(o, "kv_scale_per_head");
   s.sliding_window = get<int>(o, "sliding_window");
   s.logit_softcap = get<float>(o, "logit_softcap");
@@ -189,15 +192,22 @@ nb::dict to_py(const dg::ExecutorStats& s) {
   d["input_downloads"] = s.input_downloads;
   d["staging_copy_bytes"] = s.staging_copy_bytes;
   d["bad_block_reports"] = s.bad_block_reports;
-  // ExecutorStats::replays(kind), evaluated here so that the Python side does not restate its rule.
-  d["replays_v1"] = s.replays(dg::KernelKind::kV1);
-  d["replays_v2"] = s.replays(dg::KernelKind::kV2);
+  // ExecutorStats::replays(kind, group), evaluated here so that the Python side does not restate its
+  // rule: per layer group, and replays_v1 / replays_v2 summed over every group (C++ replays(kind)
+  // counts layer group 0's only, which read as "V2 never ran" while group 1 ran it every step).
   std::size_t groups = 1;  // every graph names each layer group's kernels
   for (const auto& g : s.graphs) groups = std::max({groups, g.group_kernels.size(), g.group_band_kernels.size()});
   nb::list per_group;  // [group] -> [V1 replays, V2 replays]
-  for (std::size_t g = 0; g < groups; ++g)
-    per_group.append(nb::make_tuple(s.replays(dg::KernelKind::kV1, static_cast<int>(g)),
-                                    s.replays(dg::KernelKind::kV2, static_cast<int>(g))));
+  long long v1 = 0, v2 = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    const long long g1 = s.replays(dg::KernelKind::kV1, static_cast<int>(g));
+    const long long g2 = s.replays(dg::KernelKind::kV2, static_cast<int>(g));
+    per_group.append(nb::make_tuple(g1, g2));
+    v1 += g1;
+    v2 += g2;
+  }
+  d["replays_v1"] = v1;
+  d["replays_v2"] = v2;
   d["group_replays"] = per_group;
   return d;
 }
@@ -210,21 +220,41 @@ nb::dict to_py(const dg::MemoryReport& m) {
   return d;
 }
 
-nb::dict to_py(const dg::StepResult& r) {
-  nb::dict d;
-  d["bucket"] = r.bucket.value;
-  d["bucket_batch_size"] = r.bucket_batch_size;
-  d["q_len"] = r.q_len;
-  d["band"] = r.band;
-  d["band_hi"] = r.band_hi;
-  d["kernel"] = r.kernel;
-  d["partition_size"] = r.partition_size;
-  d["band_on_device"] = r.band_on_device;
-  d["captured"] = r.captured;
-  d["measured"] = r.measured;
-  d["graph_id"] = r.graph_id;
-  d["launch_id"] = r.launch_id;
-  return d;
+StepResultType::StepResultType(nb::handle cls) : cls_(nb::borrow(cls)) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls_.ptr());
+  for (std::size_t i = 0; i < std::size(kFields); ++i) {
+    names_[i] = nb::steal(PyUnicode_InternFromString(kFields[i]));
+    PyObject* d = PyDict_GetItemWithError(type->tp_dict, names_[i].ptr());  // borrowed
+    if (d && Py_TYPE(d) == &PyMemberDescr_Type) {
+      const PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+      if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) offsets_[i] = m->offset;
+    }
+    if (offsets_[i] < 0) direct_ = false;  // not the slotted class we know: set attributes instead
+  }
+  PyErr_Clear();
+}
+
+nb::object StepResultType::make(const dg::StepResult& r) const {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls_.ptr());
+  PyObject* values[std::size(kFields)] = {
+      PyLong_FromLong(r.bucket.value), PyLong_FromLong(r.bucket_batch_size), PyLong_FromLong(r.band),
+      PyLong_FromLong(r.band_hi), nb::cast(r.kernel).release().ptr(), PyLong_FromLong(r.partition_size),
+      PyBool_FromLong(r.band_on_device), PyBool_FromLong(r.captured), PyBool_FromLong(r.measured),
+      PyLong_FromLong(r.graph_id), PyLong_FromLong(r.launch_id), PyLong_FromLong(r.q_len)};
+  // object.__new__ (a plain class: tp_alloc, zeroed slots); the references in `values` move into
+  // its slots, or are released below.
+  nb::object obj = nb::steal(direct_ ? type->tp_alloc(type, 0) : type->tp_new(type, nb::tuple().ptr(), nullptr));
+  bool ok = obj.is_valid();
+  for (std::size_t i = 0; i < std::size(kFields); ++i) {
+    if (ok && direct_) {
+      *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj.ptr()) + offsets_[i]) = values[i];
+      continue;
+    }
+    ok = ok && PyObject_SetAttr(obj.ptr(), names_[i].ptr(), values[i]) == 0;
+    Py_XDECREF(values[i]);
+  }
+  if (!ok) throw nb::python_error();
+  return obj;
 }
 
 }  // namespace dgpy

@@ -3,15 +3,24 @@
 // Lifetimes (docs/python.md, "Keep-alive rules"):
 //  - The executor holds every array it was given (caches, q/out/new K/V) until it is destroyed or
 //    rebind_layers() replaces them: their addresses are fixed into the graphs.
-//  - A view (query(l), output(l), new_key(l), new_value(l), host_staging()) holds the executor: the
-//    memory it shows lives as long as the view.
+//  - A view (query(l), output(l), new_key(l), new_value(l), host_staging()) holds the executor's
+//    memory (Core below: the C++ executor and the arrays it was given), not the Python object: the
+//    memory it shows lives as long as the view. A view cannot keep the step body alive: views are
+//    numpy arrays, which Python's cycle collector does not see through, so a view at module level
+//    that held the Python executor (and so its body, the body's globals, and the view) was a cycle
+//    nothing could free ("nanobind: leaked 1 instances" at exit). Now the Python executor is
+//    collected as usual and drops the body then; views keep only memory.
 //  - The step body and the host callbacks it enqueued are held by the executor. They take part in
 //    Python's cycle collection (tp_traverse below), so a body that refers back to its executor is
-//    collected with it; views are not seen by the collector, so a callback should not hold one.
+//    collected with it.
 // Threads: every call that runs library code releases the GIL and takes the executor's lock, so calls
 // from several threads are serialised, and a host callback (which takes the GIL back) cannot deadlock
 // against them. step(), rebind_layers(), capture_all() and check_errors() called from inside the
 // executor's own step body or host callback are refused.
+// step() is on every engine's hot path: host inputs come in through the buffer protocol (HostInput:
+// no DLPack import, no allocation), messages are built only when a check fails, and the result is a
+// StepResult made without running its __init__ (convert.cpp). docs/python.md quotes what it costs
+// over the C++ step (bench/python_step.py).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -19,6 +28,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -58,6 +69,61 @@ struct LayerKeep {
   nb::object q_obj, out_obj, new_key_obj, new_value_obj;
 };
 
+// What a view keeps alive: the C++ executor (its buffers) and the arrays it was given. Shared by the
+// Python executor and every view (a capsule owning a shared_ptr); the last of them frees it, with the
+// GIL held (capsules are freed by Python). `ex` is declared last so it goes first: on CUDA its
+// destructor waits for the last step, which may still read the given arrays.
+struct Core {
+  std::vector<LayerKeep> layers;
+  std::unique_ptr<dg::Executor> ex;
+};
+
+// The owner a view hands to DLPack / numpy: a capsule holding a reference to the Core.
+nb::object core_owner(const std::shared_ptr<Core>& core) {
+  return nb::capsule(new std::shared_ptr<Core>(core),
+                     [](void* p) noexcept { delete static_cast<std::shared_ptr<Core>*>(p); });
+}
+
+// A step input through the buffer protocol (numpy, memoryview, array.array: host memory), read
+// without nanobind's DLPack import: step()'s fast path. Anything else, or anything a check below
+// does not accept, goes through import_tensor and its checks, which name what is wrong.
+struct HostInput {
+  Py_buffer view{};
+  bool held = false;
+  HostInput() = default;
+  HostInput(const HostInput&) = delete;
+  HostInput& operator=(const HostInput&) = delete;
+  ~HostInput() {
+    if (held) PyBuffer_Release(&view);
+  }
+  bool get(nb::handle obj) {
+    if (!PyObject_CheckBuffer(obj.ptr())) return false;
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_STRIDES | PyBUF_FORMAT) != 0) {
+      PyErr_Clear();  // e.g. numpy refuses to export an ml_dtypes array: the general path says why
+      return false;
+    }
+    held = true;
+    return true;
+  }
+  // A native-order signed integer of `bytes` bytes ("i", "l", "q", "<i", ...: the size is the
+  // buffer's itemsize, whatever the letter).
+  bool is_int(Py_ssize_t bytes) const {
+    const char* f = view.format;
+    if (f == nullptr || view.itemsize != bytes) return false;
+    if (*f == '@' || *f == '=' || (*f == '<' && std::endian::native == std::endian::little)) ++f;
+    return (f[0] == 'i' || f[0] == 'l' || f[0] == 'q') && f[1] == '\0';
+  }
+  // Row-major and dense (extent-1 dimensions' strides ignored).
+  bool contiguous() const {
+    Py_ssize_t acc = view.itemsize;
+    for (int i = view.ndim - 1; i >= 0; --i) {
+      if (view.shape[i] != 1 && view.strides[i] != acc) return false;
+      acc *= view.shape[i];
+    }
+    return true;
+  }
+};
+
 class PyExecutor;
 
 class PyStepContext {
@@ -80,12 +146,13 @@ class PyExecutor {
  public:
   PyExecutor(nb::handle config, nb::handle body);
   ~PyExecutor() {
-    // The executor's closures drop their Python callables under the GIL (PyCallable), which we hold.
-    ex_.reset();
+    // No step can run once the Python object is gone: drop the body and callbacks now (views may
+    // keep the Core, and with it the C++ executor's closures, alive), with the GIL, which we hold.
+    clear();
   }
 
-  nb::dict step(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping, nb::handle stream,
-                int max_seq_len, int q_len);
+  nb::object step(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping, nb::handle stream,
+                  int max_seq_len, int q_len);
   void rebind_layers(nb::handle layers);
   void check_errors() {
     Busy b(*this, "check_errors");
@@ -98,8 +165,10 @@ class PyExecutor {
     ex_->capture_all();
   }
 
+  std::vector<int64_t> time_cpp_steps(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping, int q_len,
+                                      int iters);
   nb::object layer_view(int layer, int which, std::optional<int> q_len);
-  nb::dict host_staging();
+  nb::object host_staging(nb::handle make);
 
   nb::list plans(std::optional<int> group) {
     auto lk = lock();
@@ -146,6 +215,9 @@ class PyExecutor {
       nb::gil_scoped_release nogil;  // CUDA: waits for the last step
       s = ex_->stats();
     }
+    // The steps this binding refused before the C++ step saw them (an array's dtype, shape or
+    // device, q_len, a missing slot_mapping): rejected steps like the library's own.
+    s.rejected_steps += binding_rejected_.load();
     return to_py(s);
   }
   nb::dict memory() {
@@ -157,16 +229,20 @@ class PyExecutor {
   uintptr_t stream() const { return reinterpret_cast<uintptr_t>(ex_->stream()); }
   int num_layers() const { return static_cast<int>(layers_.size()); }
 
-  // GC support: the Python callables this executor holds.
+  // GC support: the Python objects this executor holds that may refer back to it (the callables;
+  // the cached host-staging objects, for completeness).
   int traverse(visitproc visit, void* arg) {
     if (body_ && body_->fn.is_valid()) Py_VISIT(body_->fn.ptr());
     for (const auto& cb : callbacks_)
       if (cb->fn.is_valid()) Py_VISIT(cb->fn.ptr());
+    for (const auto& st : staging_)
+      if (st.second.is_valid()) Py_VISIT(st.second.ptr());
     return 0;
   }
   void clear() {
     if (body_) body_->fn.reset();
     for (const auto& cb : callbacks_) cb->fn.reset();
+    staging_.clear();
   }
 
   // StepContext::enqueue_host for a Python callable.
@@ -226,7 +302,13 @@ class PyExecutor {
   }
   std::vector<dg::LayerBuffers> import_layers(nb::handle layers, std::vector<LayerKeep>& keep);
 
-  std::unique_ptr<dg::Executor> ex_;
+  nb::object step_impl(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping, nb::handle stream,
+                       int max_seq_len, int q_len, bool& ran);
+  bool fast_inputs(dg::StepInputs& in, const HostInput& lens, const HostInput& tables, const HostInput* slots,
+                   int q_len) const;
+
+  std::shared_ptr<Core> core_ = std::make_shared<Core>();
+  std::unique_ptr<dg::Executor>& ex_ = core_->ex;  // the Core's executor, under its old name
   dg::AttentionSpec spec_;
   std::vector<dg::AttentionSpec> layer_specs_;  // config.layer_specs: empty, or one per layer
   int max_batch_ = 0;
@@ -234,7 +316,13 @@ class PyExecutor {
   int num_blocks_ = 0;
   Where where_ = Where::kHost;
   int device_id_ = 0;
-  std::vector<LayerKeep> layers_;
+  std::vector<LayerKeep>& layers_ = core_->layers;
+  bool append_kv_ = true;  // config.append_kv: step() needs a slot_mapping
+  std::optional<StepResultType> result_type_;  // decodegraph.StepResult, looked up once
+  std::atomic<long long> binding_rejected_{0};  // steps refused here, before the C++ step (stats())
+  // host_staging(): one Python object per set of pinned buffers (the C++ ring hands out at most
+  // three), made on first use and reused: its views stay valid as long as the executor's memory.
+  std::vector<std::pair<const void*, nb::object>> staging_;
   std::shared_ptr<PyCallable> body_;
   std::vector<std::shared_ptr<PyCallable>> callbacks_;
   std::recursive_mutex mu_;
@@ -252,6 +340,8 @@ PyExecutor::PyExecutor(nb::handle config, nb::handle body) {
   dg::validate_layer_specs(cfg);  // before the arrays are checked against each layer's spec
   layer_specs_ = cfg.layer_specs;
   max_batch_ = cfg.max_batch;
+  append_kv_ = cfg.append_kv;
+  result_type_.emplace(nb::module_::import_("decodegraph._types").attr("StepResult"));
   // Bad q_lens are the library's to reject (after this); only valid ones size the row checks.
   for (int q : cfg.q_lens)
     if (q >= 1 && q <= dg::kMaxQLen) max_q_len_ = std::max(max_q_len_, q);
@@ -315,7 +405,7 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
     k.v_cache = import_tensor(layer.attr("v_cache"), pre + "v_cache", true);
     for (Tensor* t : {&k.k_cache, &k.v_cache}) {
       const bool key = t == &k.k_cache;
-      require_cache_elem(*t, s, s.fp8_kv() ? " (spec.kv_dtype)" : dtype_why);
+      require_cache_elem(*t, s, s.fp8_kv() ? " (spec.kv_cache_dtype)" : dtype_why);
       require_where(*t, where_, device_id_, why);
       auto shape = cache_shape(s, -1, key);
       require_shape(*t, shape, cache_shape_text(s, key));
@@ -327,14 +417,17 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
     lb.v_cache = k.v_cache.data;
     lb.k_cache_bytes = k.k_cache.nbytes();
     lb.v_cache_bytes = k.v_cache.nbytes();
-    // fp8 caches: float32 [spec.kv_scale_count()] scales the graphs read at every replay (None is
-    // left for the library to reject, naming the layer).
+    // fp8 caches: float32 [spec.kv_scale_count] scales the graphs read at every replay; the library
+    // checks their values (host backend: at construction and before every step).
     if (s.fp8_kv()) {
-      const std::string shape_words = "[" + std::to_string(s.kv_scale_count()) + "] float32 (spec.kv_scale_count())";
+      const std::string shape_words = "float32 [" + std::to_string(s.kv_scale_count()) + "] (spec.kv_scale_count: " +
+                                      (s.kv_scale_per_head ? "one per KV head" : "one for the layer") + ")";
       for (auto [field, slot, ptr] : {std::tuple{"k_scale", &k.k_scale, &lb.k_scale},
                                       std::tuple{"v_scale", &k.v_scale, &lb.v_scale}}) {
         nb::object o = layer.attr(field);
-        if (o.is_none()) continue;
+        if (o.is_none())
+          throw_invalid(pre + field, "None",
+                        shape_words + ", required with kv_cache_dtype " + dg::to_string(s.kv_dtype));
         Tensor t = import_tensor(o, pre + field, false);
         require_elem(t, Elem::kFp32, "");
         require_where(t, where_, device_id_, why);
@@ -350,7 +443,7 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
       Tensor t = import_tensor(o, pre + "sinks", false);
       require_elem(t, Elem::kFp32, "");
       require_where(t, where_, device_id_, why);
-      require_shape(t, {s.num_q_heads}, "[" + std::to_string(s.num_q_heads) + "] float32 (num_q_heads)");
+      require_shape(t, {s.num_q_heads}, "float32 [" + std::to_string(s.num_q_heads) + "] (num_q_heads)");
       require_contiguous(t);
       lb.sinks = static_cast<const float*>(t.data);
       k.sinks = std::move(t);
@@ -388,56 +481,140 @@ std::vector<dg::LayerBuffers> PyExecutor::import_layers(nb::handle layers, std::
   return out;
 }
 
-nb::dict PyExecutor::step(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping,
-                          nb::handle stream, int max_seq_len, int q_len) {
-  require_q_len(q_len);  // first: the slot_mapping's shape depends on it
-  Tensor lens = import_tensor(seq_lens, "seq_lens", false);
-  require_elem(lens, Elem::kInt32, "");
-  if (lens.ndim() != 1) throw_invalid("seq_lens.shape", lens.shape_text(), "[num_seqs]");
-  require_contiguous(lens);
-  const int64_t n = lens.shape[0];
-  const std::string rows_words = " with num_seqs = " + std::to_string(n) + " (seq_lens.shape[0])";
-  if (where_ == Where::kHost) require_where(lens, Where::kHost, 0, backend_why(where_));
-  else if (lens.where == Where::kCuda) require_where(lens, Where::kCuda, device_id_, backend_why(where_));
-  Tensor tables = import_tensor(block_tables, "block_tables", false);
-  require_elem(tables, Elem::kInt32, "");
-  require_same_where(tables, lens);
-  require_shape(tables, {n, -1}, "[num_seqs, block_table_stride]" + rows_words);
-  require_contiguous(tables);
-  std::optional<Tensor> slots;
-  if (!slot_mapping.is_none()) {
-    slots = import_tensor(slot_mapping, "slot_mapping", false);
-    require_elem(*slots, Elem::kInt64, "");
-    require_same_where(*slots, lens);
-    // [num_seqs, q_len]; q_len 1 also [num_seqs], as before speculative steps.
-    if (q_len == 1 && slots->ndim() == 1) {
-      require_shape(*slots, {n}, "[num_seqs] or [num_seqs, 1]" + rows_words);
-    } else {
-      require_shape(*slots, {n, q_len},
-                    "[num_seqs, q_len] = [" + std::to_string(n) + ", " + std::to_string(q_len) + "]" +
-                        (q_len == 1 ? " or [num_seqs]" : "") + rows_words + ": one slot per new token");
-    }
-    require_contiguous(*slots);
+nb::object PyExecutor::step(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping,
+                            nb::handle stream, int max_seq_len, int q_len) {
+  bool ran = false;  // the C++ step was called: it counts its own rejections
+  try {
+    return step_impl(seq_lens, block_tables, slot_mapping, stream, max_seq_len, q_len, ran);
+  } catch (...) {
+    if (!ran) ++binding_rejected_;
+    throw;
   }
-  dg::StepInputs in;
+}
+
+// The fast path's checks: what the general path below checks, for buffer-protocol inputs. False
+// (nothing thrown) sends the step through the general path, whose checks then name the problem.
+bool PyExecutor::fast_inputs(dg::StepInputs& in, const HostInput& lens, const HostInput& tables,
+                             const HostInput* slots, int q_len) const {
+  const Py_buffer &l = lens.view, &t = tables.view;
+  if (!lens.is_int(4) || l.ndim != 1 || !lens.contiguous()) return false;
+  const Py_ssize_t n = l.shape[0];
+  if (!tables.is_int(4) || t.ndim != 2 || t.shape[0] != n || !tables.contiguous()) return false;
+  if (slots) {
+    const Py_buffer& sm = slots->view;
+    if (!slots->is_int(8) || !slots->contiguous()) return false;
+    const bool flat = q_len == 1 && sm.ndim == 1 && sm.shape[0] == n;
+    if (!flat && !(sm.ndim == 2 && sm.shape[0] == n && sm.shape[1] == q_len)) return false;
+    in.slot_mapping = static_cast<const int64_t*>(sm.buf);
+  }
   in.num_seqs = static_cast<int>(n);
-  in.seq_lens = static_cast<const int32_t*>(lens.data);
-  in.block_tables = static_cast<const int32_t*>(tables.data);
-  in.block_table_stride = static_cast<int>(tables.shape[1]);
-  in.slot_mapping = slots ? static_cast<const int64_t*>(slots->data) : nullptr;
-  in.space = lens.where == Where::kHost ? dg::MemorySpace::kHost : dg::MemorySpace::kDevice;
+  in.seq_lens = static_cast<const int32_t*>(l.buf);
+  in.block_tables = static_cast<const int32_t*>(t.buf);
+  in.block_table_stride = static_cast<int>(t.shape[1]);
+  in.space = dg::MemorySpace::kHost;
+  return true;
+}
+
+nb::object PyExecutor::step_impl(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping,
+                                 nb::handle stream, int max_seq_len, int q_len, bool& ran) {
+  require_q_len(q_len);  // first: the slot_mapping's shape depends on it
+  dg::StepInputs in;
+  // Fast path: host arrays through the buffer protocol, held until the step returns.
+  HostInput fl, ft, fs;
+  const bool has_slots = !slot_mapping.is_none();
+  const bool fast = fl.get(seq_lens) && ft.get(block_tables) && (!has_slots || fs.get(slot_mapping)) &&
+                    fast_inputs(in, fl, ft, has_slots ? &fs : nullptr, q_len);
+  // General path: every array kind, every check with its message; the Tensors keep them alive
+  // (constructed only here: the fast path builds no std::string, no std::vector).
+  struct Imported {
+    Tensor lens, tables;
+    std::optional<Tensor> slots;
+  };
+  std::optional<Imported> general;
+  if (!fast) {
+    in = dg::StepInputs{};
+    general.emplace();
+    Tensor& lens = general->lens;
+    Tensor& tables = general->tables;
+    std::optional<Tensor>& slots = general->slots;
+    lens = import_tensor(seq_lens, "seq_lens", false);
+    require_elem(lens, Elem::kInt32, "");
+    if (lens.ndim() != 1) throw_invalid("seq_lens.shape", lens.shape_text(), "[num_seqs]");
+    require_contiguous(lens);
+    const int64_t n = lens.shape[0];
+    const std::string rows_words = " with num_seqs = " + std::to_string(n) + " (seq_lens.shape[0])";
+    if (where_ == Where::kHost) require_where(lens, Where::kHost, 0, backend_why(where_));
+    else if (lens.where == Where::kCuda) require_where(lens, Where::kCuda, device_id_, backend_why(where_));
+    tables = import_tensor(block_tables, "block_tables", false);
+    require_elem(tables, Elem::kInt32, "");
+    require_same_where(tables, lens);
+    require_shape(tables, {n, -1}, "[num_seqs, block_table_stride]" + rows_words);
+    require_contiguous(tables);
+    if (has_slots) {
+      slots = import_tensor(slot_mapping, "slot_mapping", false);
+      require_elem(*slots, Elem::kInt64, "");
+      require_same_where(*slots, lens);
+      // [num_seqs, q_len]; q_len 1 also [num_seqs], as before speculative steps.
+      if (q_len == 1 && slots->ndim() == 1) {
+        require_shape(*slots, {n}, "[num_seqs] or [num_seqs, 1]" + rows_words);
+      } else {
+        require_shape(*slots, {n, q_len},
+                      "[num_seqs, q_len] = [" + std::to_string(n) + ", " + std::to_string(q_len) + "]" +
+                          (q_len == 1 ? " or [num_seqs]" : "") + rows_words + ": one slot per new token");
+      }
+      require_contiguous(*slots);
+    }
+    in.num_seqs = static_cast<int>(n);
+    in.seq_lens = static_cast<const int32_t*>(lens.data);
+    in.block_tables = static_cast<const int32_t*>(tables.data);
+    in.block_table_stride = static_cast<int>(tables.shape[1]);
+    in.slot_mapping = slots ? static_cast<const int64_t*>(slots->data) : nullptr;
+    in.space = lens.where == Where::kHost ? dg::MemorySpace::kHost : dg::MemorySpace::kDevice;
+  }
+  if (!has_slots && append_kv_)
+    throw_invalid("slot_mapping", "None",
+                  q_len == 1 ? std::string("int64 [num_seqs]: each new token's cache slot, required while append_kv "
+                                           "is on (ExecutorConfig(append_kv=False) for attention-only steps)")
+                             : "int64 [num_seqs, q_len] = [" + std::to_string(in.num_seqs) + ", " +
+                                   std::to_string(q_len) + "]: each new token's cache slot, required while "
+                                   "append_kv is on (ExecutorConfig(append_kv=False) for attention-only steps)");
   in.max_seq_len = max_seq_len;
   in.q_len = q_len;
   bool stream_given = false;
-  const dg::Stream s = stream_from_py(stream, &stream_given);
+  const dg::Stream s = stream.is_none() ? nullptr : stream_from_py(stream, &stream_given);
 
   Busy b(*this, "step");
   dg::StepResult r;
+  ran = true;
   {
     nb::gil_scoped_release nogil;
     r = stream_given ? ex_->step(in, s) : ex_->step(in);
   }
-  return to_py(r);
+  return result_type_->make(r);
+}
+
+// bench/python_step.py's yardstick: the C++ Executor::step on the same executor and inputs, in a
+// C++ loop, each call timed with steady_clock (what the Python step() adds is the difference).
+// Host numpy inputs only; not part of the public API.
+std::vector<int64_t> PyExecutor::time_cpp_steps(nb::handle seq_lens, nb::handle block_tables, nb::handle slot_mapping,
+                                                int q_len, int iters) {
+  require_q_len(q_len);
+  HostInput fl, ft, fs;
+  dg::StepInputs in;
+  const bool has_slots = !slot_mapping.is_none();
+  if (!(fl.get(seq_lens) && ft.get(block_tables) && (!has_slots || fs.get(slot_mapping)) &&
+        fast_inputs(in, fl, ft, has_slots ? &fs : nullptr, q_len)))
+    throw_invalid("time_cpp_steps inputs", "not contiguous int32 / int64 host arrays", "what step() takes fastest");
+  in.q_len = q_len;
+  Busy b(*this, "time_cpp_steps");
+  std::vector<int64_t> ns(static_cast<std::size_t>(std::max(iters, 0)));
+  nb::gil_scoped_release nogil;
+  for (int64_t& t : ns) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ex_->step(in);
+    t = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return ns;
 }
 
 void PyExecutor::rebind_layers(nb::handle layers) {
@@ -468,26 +645,34 @@ nb::object PyExecutor::layer_view(int layer, int which, std::optional<int> q_len
   const auto mb = static_cast<std::size_t>(max_batch_), hs = static_cast<std::size_t>(s.head_size);
   std::vector<std::size_t> shape = q_len ? std::vector<std::size_t>{mb, static_cast<std::size_t>(*q_len), heads, hs}
                                          : std::vector<std::size_t>{mb * static_cast<std::size_t>(max_q_len_), heads, hs};
-  return export_view(ptr, shape, elem_of(s.dtype), where_, device_id_, nb::find(*this));
+  return export_view(ptr, shape, elem_of(s.dtype), where_, device_id_, core_owner(core_));
 }
 
-nb::dict PyExecutor::host_staging() {
+// The set of staging buffers the C++ executor hands out now, as the Python object `make` built from
+// their views the first time this set was handed out: the same object every time after (the C++
+// ring has at most three sets, at fixed addresses), so a call costs the C++ call and a lookup.
+nb::object PyExecutor::host_staging(nb::handle make) {
   auto lk = lock();
   dg::HostStaging hs;
   {
-    nb::gil_scoped_release nogil;  // CUDA: waits for the previous step's copies
+    nb::gil_scoped_release nogil;  // CUDA: waits for the copies that last read this set
     hs = ex_->host_staging();
   }
-  nb::object self = nb::find(*this);
+  const void* key = hs.seq_lens.data();
+  for (const auto& [k, obj] : staging_)
+    if (k == key) return obj;
+  nb::object owner = core_owner(core_);
   const auto rows = static_cast<std::size_t>(hs.seq_lens.size());
   const auto stride = static_cast<std::size_t>(hs.block_table_stride);
   nb::dict d;
-  d["seq_lens"] = export_view(hs.seq_lens.data(), {rows}, Elem::kInt32, Where::kHost, 0, self);
-  d["block_tables"] = export_view(hs.block_tables.data(), {rows, stride}, Elem::kInt32, Where::kHost, 0, self);
+  d["seq_lens"] = export_view(hs.seq_lens.data(), {rows}, Elem::kInt32, Where::kHost, 0, owner);
+  d["block_tables"] = export_view(hs.block_tables.data(), {rows, stride}, Elem::kInt32, Where::kHost, 0, owner);
   // max_batch x max(q_lens) entries: a step of q_len n uses the first num_seqs x n ([num_seqs, n]).
-  d["slot_mapping"] = export_view(hs.slot_mapping.data(), {hs.slot_mapping.size()}, Elem::kInt64, Where::kHost, 0, self);
+  d["slot_mapping"] = export_view(hs.slot_mapping.data(), {hs.slot_mapping.size()}, Elem::kInt64, Where::kHost, 0, owner);
   d["block_table_stride"] = hs.block_table_stride;
-  return d;
+  nb::object obj = make(d);
+  staging_.emplace_back(key, obj);
+  return obj;
 }
 
 int executor_traverse(PyObject* self, visitproc visit, void* arg) {
@@ -511,9 +696,9 @@ void bind_executor(nb::module_& m) {
   using namespace nb::literals;
   nb::class_<PyExecutor>(m, "Executor", nb::type_slots(executor_slots), nb::is_weak_referenceable())
       .def(nb::init<nb::handle, nb::handle>(), "config"_a, "step_body"_a.none() = nb::none())
+      // Positional after the arrays too: the Python wrapper passes everything by position (cheaper).
       .def("step", &PyExecutor::step, "seq_lens"_a.none(), "block_tables"_a.none(),
-           "slot_mapping"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(), "max_seq_len"_a = 0,
-           "q_len"_a = 1)
+           "slot_mapping"_a.none() = nb::none(), "stream"_a.none() = nb::none(), "max_seq_len"_a = 0, "q_len"_a = 1)
       .def("rebind_layers", &PyExecutor::rebind_layers, "layers"_a)
       .def("check_errors", &PyExecutor::check_errors)
       .def("capture_all", &PyExecutor::capture_all)
@@ -525,7 +710,9 @@ void bind_executor(nb::module_& m) {
            "q_len"_a.none() = nb::none())
       .def("new_value", [](PyExecutor& e, int l, std::optional<int> n) { return e.layer_view(l, 3, n); }, "layer"_a,
            "q_len"_a.none() = nb::none())
-      .def("host_staging", &PyExecutor::host_staging)
+      .def("host_staging", &PyExecutor::host_staging, "make"_a)
+      .def("_time_cpp_steps", &PyExecutor::time_cpp_steps, "seq_lens"_a, "block_tables"_a, "slot_mapping"_a.none(),
+           "q_len"_a, "iters"_a)
       .def("plans", &PyExecutor::plans, "group"_a.none() = nb::none())
       .def("plan_for", &PyExecutor::plan_for, "bucket"_a, "band"_a, "group"_a = 0, "q_len"_a.none() = nb::none())
       .def("layer_group", &PyExecutor::layer_group, "layer"_a)

@@ -73,15 +73,16 @@ TEST_F(BadStep, NumSeqsAboveMaxBatch) {
   in.num_seqs = 9;
   reject(in, {"inputs.num_seqs = 9", "1..max_batch = 1..8"});
 }
-TEST_F(BadStep, SeqLenZeroForALiveRow) {
+TEST_F(BadStep, PaddedRowWithASlot) {
+  // seq_len 0 is a padded row (test_executor_host.cpp, PaddedRows*); its slot must be negative.
   w.set_lens({10, 20, 30});
   w.lens[1] = 0;
-  reject(w.inputs(), {"inputs.seq_lens[1] = 0", "1..max_seq_len = 1..1024"});
+  reject(w.inputs(), {"inputs.slot_mapping[1] = ", "negative: seq_lens[1] = 0 marks a padded row"});
 }
 TEST_F(BadStep, NegativeSeqLen) {
   w.set_lens({10, 20, 30});
   w.lens[2] = -4;
-  reject(w.inputs(), {"inputs.seq_lens[2] = -4", "1..max_seq_len"});
+  reject(w.inputs(), {"inputs.seq_lens[2] = -4", "0 (a padded row) or 1..max_seq_len"});
 }
 TEST_F(BadStep, SeqLenAboveMaxSeqLen) {
   w.set_lens({10, 20, 30});

@@ -162,4 +162,57 @@ TEST(Fp8ExecutorBadInput, RejectedClearlyAndTheExecutorStaysUsable) {
   EXPECT_TRUE(w.check_layer(ex, 1));
 }
 
+// Issue 36: a bad scale or sink names its layer, and is caught before anything runs: at
+// construction, in rebind_layers, and before every step (the caller writes scales between steps).
+// Before, construction accepted a negative k_scale or a +inf sink, and the step failed in the middle
+// of its replay (earlier layers already appended) with "v_scale[0] = nan is invalid", no layer named.
+TEST(Fp8ExecutorBadInput, BadScalesAndSinksNameTheLayerAndRunNothing) {
+  World w(fp8_spec(KVCacheDType::kFp8E4M3, DType::kBFloat16, KVLayout::kVLLM), 3, 3, 512, 23);
+  w.set_sinks(-1.0f, 1.0f);
+  {
+    const float good = w.k_scales[1][0];
+    w.k_scales[1][0] = -0.5f;
+    dgtest::expect_error([&] { Executor ex(w.config(3, 512)); },
+                         {"layers[1].k_scale[0] = -0.5 is invalid", "a finite value > 0"});
+    w.k_scales[1][0] = good;
+    w.sinks[2][5] = INFINITY;
+    dgtest::expect_error([&] { Executor ex(w.config(3, 512)); },
+                         {"layers[2].sinks[5] = inf is invalid", "a finite raw logit or -inf"});
+    w.sinks[2][5] = 0.25f;
+  }
+  const ExecutorConfig c = w.config(3, 512);
+  Executor ex(c);
+  w.set_lens({10, 20});
+  w.fill_step(ex);
+  ex.step(w.inputs());
+  ASSERT_TRUE(w.check_layer(ex, 2));
+  // A NaN written into layer 2's v_scale between steps: rejected before layer 0 or 1 appends.
+  w.v_scales[2][0] = NAN;
+  w.set_lens({11, 21});
+  w.fill_step(ex);
+  std::vector<std::vector<char>> before;
+  for (int l = 0; l < 3; ++l) {
+    const char* k = static_cast<const char*>(w.k[l].data());
+    before.emplace_back(k, k + w.k[l].bytes);
+  }
+  dgtest::expect_error([&] { ex.step(w.inputs()); }, {"layers[2].v_scale[0] = nan is invalid"});
+  for (int l = 0; l < 3; ++l)
+    EXPECT_EQ(std::memcmp(before[l].data(), w.k[l].data(), w.k[l].bytes), 0) << "layer " << l << " appended";
+  EXPECT_EQ(ex.stats().rejected_steps, 1);
+  w.v_scales[2][0] = 1.0f / 128;
+  ex.step(w.inputs());
+  for (int l = 0; l < 3; ++l) EXPECT_TRUE(w.check_layer(ex, l)) << "layer " << l;
+  // rebind_layers: the same checks, and nothing changes when they reject.
+  std::vector<float> bad_sinks(8, 0.0f);
+  bad_sinks[7] = NAN;
+  std::vector<LayerBuffers> layers = ex.config().layers;
+  layers[1].sinks = bad_sinks.data();
+  dgtest::expect_error([&] { ex.rebind_layers(layers); }, {"layers[1].sinks[7] = nan is invalid"});
+  EXPECT_EQ(ex.stats().rebinds, 0);
+  w.set_lens({12, 22});
+  w.fill_step(ex);
+  ex.step(w.inputs());
+  EXPECT_TRUE(w.check_layer(ex, 1));
+}
+
 }  // namespace

@@ -1367,4 +1367,99 @@ TEST(ExecutorGpu, SpeculativeVerifyLoopMatchesTheReferenceAndAppendsBitwise) {
 #endif
 }
 
+// Padded rows the caller passes (issue 36): seq_len 0 with slot -1 among the live rows, as vLLM
+// pads a graph batch. Their output rows stay untouched (NaN poison) and they append nothing (their
+// new K/V are NaN: every cache stays bitwise equal to its host copy after the live rows' appends),
+// while the live rows match the float64 reference; V1 and V2 bands, q_len 1 and 4, host and device
+// inputs, both band choices. tests/executor/test_executor_padded.cpp runs the same on the host backend.
+TEST(ExecutorGpu, PaddedRowsLeaveTheirOutputUntouchedAndAppendNothing) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  const int max_len = 4096, batch = 6;
+  const std::vector<std::vector<int>> steps = {{700, 0, 30, 0, 2000, 5}, {0, 0, 1500, 3000, 0, 4000}};
+  for (BandSelect band : {BandSelect::kHost, BandSelect::kDevice}) {
+    for (int q_len : {1, 4}) {
+      for (bool device_inputs : {false, true}) {
+        GpuWorld g(gpu_spec(), 2, batch, max_len, 36);
+        World& w = g.w;
+        ExecutorConfig c = g.config(8, max_len);
+        c.append_kv = true;  // the host copies get the same appends
+        c.q_lens = {1, 4};
+        c.band_select = band;
+        c.policy = KernelPolicy::kThreshold;
+        c.v2_threshold = 1024;
+        c.validation = ValidationLevel::kCheap;
+        Executor ex(c);
+        if (band == BandSelect::kDevice && ex.band_select() != BandSelect::kDevice) continue;
+        const std::string what = std::string(to_string(band)) + " q_len " + std::to_string(q_len) +
+                                 (device_inputs ? " device inputs" : " host inputs");
+        for (const std::vector<int>& lens : steps) {
+          w.set_lens(lens, q_len);
+          std::vector<bool> live;
+          for (std::size_t i = 0; i < lens.size(); ++i) {
+            live.insert(live.end(), q_len, lens[i] > 0);
+            if (lens[i] == 0)
+              for (int j = 0; j < q_len; ++j) w.slots[i * q_len + j] = -1;
+          }
+          const auto qs = g.write_q(ex);
+          g.append_new_kv(ex, w.rows());  // the host copies skip the -1 slots
+          for (int l = 0; l < w.num_layers; ++l) {
+            const std::size_t kv_row = w.kv_elems(1, l) * dtype_size(w.spec.dtype);
+            for (std::size_t i = 0; i < lens.size(); ++i)
+              if (lens[i] == 0) {  // a padded row appended would leave NaN in the cache
+                CK(cudaMemset(static_cast<char*>(ex.new_key(l)) + i * q_len * kv_row, 0xff, q_len * kv_row));
+                CK(cudaMemset(static_cast<char*>(ex.new_value(l)) + i * q_len * kv_row, 0xff, q_len * kv_row));
+              }
+            CK(cudaMemset(ex.output(l), 0xff, w.q_elems(8 * 4, l) * dtype_size(w.spec.dtype)));  // NaN
+          }
+          CK(cudaDeviceSynchronize());
+          StepInputs in = w.inputs();
+          DevBuf dl(w.lens.size() * 4), dt(w.tables.size() * 4), ds(w.slots.size() * 8);
+          if (device_inputs) {
+            upload(dl.p, w.lens.data(), w.lens.size() * 4);
+            upload(dt.p, w.tables.data(), w.tables.size() * 4);
+            upload(ds.p, w.slots.data(), w.slots.size() * 8);
+            in.seq_lens = static_cast<const int32_t*>(dl.p);
+            in.block_tables = static_cast<const int32_t*>(dt.p);
+            in.slot_mapping = static_cast<const int64_t*>(ds.p);
+            in.space = MemorySpace::kDevice;
+            in.max_seq_len = *std::max_element(lens.begin(), lens.end());
+          }
+          ex.step(in);
+          CK(cudaStreamSynchronize(ex.stream()));
+          for (int l = 0; l < w.num_layers; ++l) {
+            const std::size_t elems = w.q_elems(w.rows(), l);
+            std::vector<char> out(elems * dtype_size(w.spec.dtype));
+            CK(cudaMemcpy(out.data(), ex.output(l), out.size(), cudaMemcpyDeviceToHost));
+            const std::vector<double> ref = w.reference(l, qs[l].data());
+            const dgtest::Tol t = dgtest::tol_for(w.spec.dtype);
+            EXPECT_TRUE(dgtest::check_close(w.spec.dtype, out.data(), ref.data(), w.rows(), w.specs[l].num_q_heads,
+                                            w.specs[l].head_size, t.atol, t.rtol, live))
+                << what << " layer " << l;
+            const std::size_t row = elems / w.rows();
+            int written = 0;
+            for (int r = 0; r < w.rows(); ++r)
+              if (!live[r])
+                for (std::size_t e = 0; e < row; ++e)
+                  written += !std::isnan(load_as_float(w.spec.dtype, out.data(), r * row + e));
+            EXPECT_EQ(written, 0) << what << " layer " << l << ": padded rows' output written";
+          }
+        }
+        for (int l = 0; l < w.num_layers; ++l) {
+          DevBuf hk(w.k[l].bytes), hv(w.v[l].bytes);
+          upload(hk.p, w.k[l].data(), w.k[l].bytes);
+          upload(hv.p, w.v[l].data(), w.v[l].bytes);
+          EXPECT_TRUE(dgtest::bitwise_equal_on_device(g.k[l]->p, hk.p, w.k[l].bytes)) << what << " K cache " << l;
+          EXPECT_TRUE(dgtest::bitwise_equal_on_device(g.v[l]->p, hv.p, w.v[l].bytes)) << what << " V cache " << l;
+        }
+        const ExecutorStats st = ex.stats();
+        EXPECT_EQ(st.rejected_steps, 0) << what;
+        EXPECT_EQ(st.bad_block_reports, 0) << what;
+        EXPECT_NO_THROW(ex.check_errors()) << what << ": a padded row reported as a bad slot";
+      }
+    }
+  }
+#endif
+}
+
 }  // namespace

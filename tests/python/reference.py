@@ -13,13 +13,21 @@ from typing import Optional
 
 import numpy as np
 
-# |out - ref| <= atol + rtol * |ref|, per dtype of q/cache/out. The output is rounded to the dtype
-# once (half an ulp: fp16 4.9e-4, bf16 3.9e-3 relative) after fp32 accumulation; fp32 carries the
-# accumulation error of sums over up to ~8K tokens.
+# |out - ref| <= atol + rtol * |ref|, per dtype of q / caches / out: the library's own bound for the
+# host implementation (tests/kernels/problem.hpp `tolerance`, derived in docs/design.md, "The
+# numerical contract"), which these tests hold the binding to.
+#   rtol: the output is rounded to its dtype once, after fp32 accumulation: half an ulp relative to
+#         the value is at most 2^-11 (fp16) or 2^-8 (bf16); 1 % slack. fp32 outputs are not rounded.
+#   atol: the kernels' own error (fp32 weights and accumulation; fp16 / bf16 tensor-core paths with
+#         hi + lo weights) is ~1e-6 of the values (|v| ~ 1-4 here, standard normal), and outputs near
+#         0 have no relative room: fp32 5e-6 (sums over up to ~8K tokens, in order), fp16 5e-5,
+#         bf16 1e-4. The bf16 / fp16 bounds used before, 8e-3 / 1.6e-2 and 1e-3 / 2e-3, were those
+#         of the weights rounded to the dtype (docs/design.md: ~1e-4 of the values at 1300 tokens),
+#         80 and 20 times the atol the library meets.
 TOLERANCE = {
     "fp32": (5e-6, 2.5e-5),
-    "fp16": (1e-3, 2e-3),
-    "bf16": (8e-3, 1.6e-2),
+    "fp16": (5e-5, 1.01 * 2.0**-11),
+    "bf16": (1e-4, 1.01 * 2.0**-8),
 }
 
 

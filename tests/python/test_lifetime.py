@@ -1,9 +1,11 @@
-"""Keep-alive rules (docs/python.md): the executor holds what it was given; views hold the executor;
-a step body referring back to its executor is collected with it."""
+"""Keep-alive rules (docs/python.md): the executor holds what it was given; views hold the executor's
+memory; a step body referring back to its executor is collected with it, and nothing leaks at exit."""
 
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
 import sys
 import threading
 import weakref
@@ -49,26 +51,62 @@ def test_executor_outlives_the_arrays_it_was_given(rng):
 
 
 def test_views_outlive_the_executor(rng):
+    # A view holds the executor's memory (its buffers and the arrays it was given), not the Python
+    # executor: the executor is freed as usual, its memory with the last view.
     p = make_problem(rng, lens=[9, 40])
-    ex = build(p)
+    k = p.k_cache.copy()
+    k_ref = weakref.ref(k)
+    ex = dg.Executor(spec=p.spec, layers=[dg.LayerBuffers(k, p.v_cache.copy())], max_batch=2, max_seq_len=64,
+                     backend="host")
+    del k
     core = weakref.ref(ex._core)
     q, nk = ex.query(0), ex.new_key(0)
+    staging = ex.host_staging()
     q[:2] = random_array(rng, (2, 4, 64), "fp32")
     ex.step(p.seq_lens, p.block_tables, slots_for(p.block_tables, p.seq_lens, 16))
     snapshot = q.copy()
     del ex
     gc.collect()
-    assert core() is not None, "a view keeps the executor's buffers alive"
+    assert core() is None, "the Python executor is freed although views remain"
+    assert k_ref() is not None, "a view keeps the executor's memory, and the arrays it holds, alive"
     np.testing.assert_array_equal(q, snapshot)  # still readable ...
     q[:] = 1.0  # ... and writable
     nk[:] = 2.0
+    staging.seq_lens[:] = 3
     assert (q == 1.0).all()
-    del q
+    del q, staging
     gc.collect()
-    assert core() is not None, "the other view still holds it"
+    assert k_ref() is not None, "the other view still holds it"
     del nk
     gc.collect()
-    assert core() is None, "the last view gone, the executor is freed"
+    assert k_ref() is None, "the last view gone, the executor's memory and its arrays are freed"
+
+
+def test_view_and_step_body_at_module_level_leak_nothing_at_exit(tmp_path):
+    # Issue 36: a script with an executor that has a step body, and a view kept at module level,
+    # printed "nanobind: leaked 1 instances ... reference counting issue" at exit: the view held the
+    # Python executor, which holds the body, whose globals hold the view; numpy arrays are not seen by
+    # the cycle collector, so nothing freed it.
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import numpy as np, decodegraph as dg\n"
+        "spec = dg.AttentionSpec(num_q_heads=4, num_kv_heads=1, head_size=64, block_size=16, dtype='fp32')\n"
+        "layers = [dg.LayerBuffers(np.zeros(spec.k_cache_shape(8), np.float32),\n"
+        "                          np.zeros(spec.v_cache_shape(8), np.float32))]\n"
+        "def body(ctx):\n"
+        "    ctx.append_kv(0)\n"
+        "    ctx.attention(0)\n"
+        "    ctx.enqueue_host(lambda: None)\n"
+        "ex = dg.Executor(spec=spec, layers=layers, max_batch=2, max_seq_len=64, backend='host', step_body=body)\n"
+        "q = ex.query(0)\n"
+        "staging = ex.host_staging()\n"
+        "ex.step(np.array([3], np.int32), np.arange(4, dtype=np.int32).reshape(1, 4), np.array([2], np.int64))\n"
+        "print('stepped')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "stepped"
+    assert "leaked" not in run.stderr, run.stderr
 
 
 def test_rebind_releases_the_old_arrays(rng):

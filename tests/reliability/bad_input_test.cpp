@@ -162,7 +162,9 @@ std::vector<StepCase> step_cases() {
       {"seq_lens_null", [](Inputs&, StepInputs& s) { s.seq_lens = nullptr; }, {"seq_lens"}},
       {"block_tables_null", [](Inputs&, StepInputs& s) { s.block_tables = nullptr; }, {"block_tables"}},
       {"slot_mapping_null", [](Inputs&, StepInputs& s) { s.slot_mapping = nullptr; }, {"slot_mapping"}},
-      {"seq_len_zero_live_row", [](Inputs& in, StepInputs&) { in.seq_lens[2] = 0; }, {"seq_lens", "0"}},
+      // seq_len 0 is a padded row (accepted); one whose slot is not negative would append.
+      {"seq_len_zero_with_a_slot", [](Inputs& in, StepInputs&) { in.seq_lens[2] = 0; },
+       {"slot_mapping[2]", "seq_lens[2] = 0 marks a padded row"}},
       {"seq_len_negative", [](Inputs& in, StepInputs&) { in.seq_lens[0] = -5; }, {"seq_lens", "-5"}},
       {"seq_len_above_max_seq_len", [](Inputs& in, StepInputs&) { in.seq_lens[4] = 1025; },
        {"seq_lens", "1025"}},
