@@ -1,6 +1,7 @@
-// GPU tests of the attention variants (sliding windows over freed blocks, sinks, soft-caps) and the
-// q_len query rows. Run on a GPU and under the CPU simulator (tests/sim); without a device every
-// test reports itself skipped.
+// GPU tests of the attention variants (sliding windows over freed blocks, sinks, soft-caps), the
+// q_len query rows, and what a row reads but does not attend: non-finite K / V at positions a row
+// masks (a window's edge block, the drafts after a row's query) never reach that row. Run on a GPU
+// and under the CPU simulator (tests/sim); without a device every test reports itself skipped.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -197,6 +198,70 @@ TEST(GpuKernels, QueryRowsAreCausalNotAllAtTheLastPosition) {
     EXPECT_FALSE(dgtest::check_close(DType::kBFloat16, row, ref.data(), 1, 8, 128, tol_for(*p).atol, tol_for(*p).rtol))
         << "row " << j << " attended past its query";
   }
+}
+
+// ---------------------------------------------------------------- reads a row does not attend (issue 39)
+
+// +-inf and NaN in K and V at positions a row reads but masks (dgtest::masked_read_cases: the
+// drafts after a row's query, a window's edge block, both at once), in every math, cache type and
+// layout, V1 and V2 (P 64: the masked positions in the first and last partitions): a row that
+// attends none of them is bitwise what it is with the cache's finite values there, a row that
+// attends one is not finite. Before the edge tiles (kernels/paged_decode.cuh) the masked weight 0
+// times an inf V made such rows NaN.
+TEST(GpuKernels, MaskedNonFiniteValuesNeverReachARow) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (const dgtest::MaskedRead& c : dgtest::masked_read_cases())
+    for (const dgtest::MaskedReadConfig& cf : dgtest::masked_read_configs())
+      for (KVLayout layout : kLayouts) {
+        auto p = dgtest::make_problem(dgtest::masked_read_problem(c, cf, layout, i));
+        const float value = dgtest::masked_read_value(i++);
+        p->run_reference();
+        SCOPED_TRACE(std::string(c.name) + ", value " + std::to_string(value) + ": " + describe(p->args.spec) +
+                     (cf.kv != KVCacheDType::kAuto ? " fp8" : ""));
+        const std::vector<unsigned char> k0(static_cast<const unsigned char*>(p->k.data()),
+                                            static_cast<const unsigned char*>(p->k.data()) + p->k.bytes);
+        const std::vector<unsigned char> v0(static_cast<const unsigned char*>(p->v.data()),
+                                            static_cast<const unsigned char*>(p->v.data()) + p->v.bytes);
+        DeviceProblem dp(*p);
+        for (int P : {0, 64}) {
+          const auto run = [&] { P == 0 ? dp.run_v1() : dp.run_v2(P); };
+          const char* form = P == 0 ? "V1" : "V2";
+          std::memcpy(p->k.data(), k0.data(), k0.size());
+          std::memcpy(p->v.data(), v0.data(), v0.size());
+          dp.k->upload(p->k.data(), p->k.bytes);
+          dp.v->upload(p->v.data(), p->v.bytes);
+          run();
+          ASSERT_TRUE(p->check(tol_for(*p))) << form << " with finite values";
+          const std::vector<unsigned char> clean = dp.out_bytes();
+          for (const auto& at : c.at) dgtest::set_cache_value(*p, 0, at.pos, at.key, value);
+          dp.k->upload(p->k.data(), p->k.bytes);
+          dp.v->upload(p->v.data(), p->v.bytes);
+          run();
+          EXPECT_TRUE(dgtest::check_masked_rows(*p, c, clean)) << form;
+        }
+      }
+}
+
+// A sink sigma far above every logit (dgtest::sink_above_cases), in every math, V1 and V2: the
+// kernels shift by max(sigma, M), so e^(sigma - M) never overflows (before, the fp32 / bf16 paths
+// returned 0 from sigma - M = 88.7 and the fp16 tensor-core path's 2^15-scaled weights from 78.3).
+TEST(GpuKernels, SinkFarAboveEveryLogit) {
+  DG_REQUIRE_GPU();
+  int i = 0;
+  for (const dgtest::SinkAbove& c : dgtest::sink_above_cases())
+    for (float sigma : c.sigmas) {
+      auto p = dgtest::sink_above_problem(c, sigma, kLayouts[i % 2], i);
+      ++i;
+      p->run_reference();
+      const Tolerance t = dgtest::sink_above_tolerance(p->args.spec.dtype, sigma, c.v_mag, 300);
+      SCOPED_TRACE("sigma " + std::to_string(sigma) + ": " + describe(p->args.spec) + (p->args.spec.fp8_kv() ? " fp8" : ""));
+      DeviceProblem dp(*p);
+      dp.run_v1();
+      EXPECT_TRUE(p->check(t)) << "V1";
+      dp.run_v2(64);
+      EXPECT_TRUE(p->check(t)) << "V2";
+    }
 }
 
 }  // namespace
