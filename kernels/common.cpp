@@ -160,8 +160,13 @@ void validate_spec(const AttentionSpec& spec) {
           "0 (selects 1/sqrt(head_size)) or a finite value > 0");
   require(spec.sliding_window >= 0, "spec.sliding_window", spec.sliding_window,
           "0 (no window) or W > 0 tokens (HF convention: the query attends (p - W, p]; FA's window_left = W - 1)");
-  require(std::isfinite(spec.logit_softcap) && spec.logit_softcap >= 0.0f, "spec.logit_softcap",
-          spec.logit_softcap, "0 (off) or a finite value > 0 (s -> c * tanh(s / c))");
+  // The cap's arithmetic (kernels/decode_math.hpp, softcap2) moves each weight by up to ~4.5 x 2^-24 x
+  // c of itself, and c * log2(e) must stay finite with 2 log2(e) / c: past 1e4 the first costs more
+  // precision than an fp16 output holds (a cap that never binds is 0), below 1e-6 the cap is no
+  // attention at all (every logit within 1e-6 of 0).
+  require(spec.logit_softcap == 0.0f || (spec.logit_softcap >= kMinLogitSoftcap && spec.logit_softcap <= kMaxLogitSoftcap),
+          "spec.logit_softcap", spec.logit_softcap,
+          "0 (off) or c in [1e-6, 1e4] (s -> c * tanh(s / c); larger caps lose precision, models use 30-50)");
 }
 
 }  // namespace decodegraph

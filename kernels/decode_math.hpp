@@ -153,21 +153,22 @@ DG_HD bool attends(int rel, uint32_t span) { return static_cast<uint32_t>(-rel) 
 /// c * tanh(s / c) in natural units times log2(e). Callers branch on cap2 > 0 (off: the logit as
 /// it is), so a layer without a cap pays one uniform branch, never the tanh.
 /// tanh(x) = 1 - 2 / (e^(2x) + 1) with e^(2x) = 2^(s2 * k2), k2 = softcap2_k(cap2) formed once per
-/// launch: per logit one multiply, one exp2, one add, one reciprocal and one fma (device: MUFU.EX2 and
-/// MUFU.RCP, both approximate, flushing subnormals) instead of tanhf's polynomial and branches.
-/// Absolute error a few ulp of cap2; the saturated ends are exact (+-cap2: 2^-huge = 0, 1 / inf = 0).
-/// The host computes the same formula with exp2f and IEEE division.
+/// launch: per logit one multiply, one exp2, one add, one reciprocal and one fma, instead of
+/// tanhf's polynomial and branches. The kernels pass the hardware's approximate ex2 and rcp
+/// (paged_decode.cuh, softcap2_dev: MUFU.EX2 at most 2 ulp, MUFU.RCP at most 1 ulp, both flushing
+/// subnormals; the simulator models both at that worst), the host exp2f and a correctly rounded
+/// 1 / x. The saturated ends are exact (+-cap2: 2^-huge = 0, 1 / inf = 0). Error (docs/design.md,
+/// "The bound per path"): at most ~6.5 u cap2 in base 2 (u = 2^-24), so each weight moves by up
+/// to ~4.5 u c of itself (c the natural cap; rms ~3.2 u c): 1.3e-5 at c = 50, against 1.2e-7 for
+/// ex2's 2 ulp.
 DG_HD float softcap2_k(float cap2) { return cap2 > 0.0f ? 2.0f * kLog2e / cap2 : 0.0f; }
-DG_HD float softcap2(float s2, float cap2, float k2) {
-#if defined(__CUDA_ARCH__)
-  float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(s2 * k2));
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(e + 1.0f));
-  return fmaf(-2.0f * cap2, r, cap2);
-#else
-  const float e = exp2f(s2 * k2);
-  return cap2 - 2.0f * cap2 / (e + 1.0f);
-#endif
+template <class Ex2, class Rcp>
+DG_HD float softcap2(float s2, float cap2, float k2, Ex2 ex2, Rcp rcp) {
+  return fmaf(-2.0f * cap2, rcp(ex2(s2 * k2) + 1.0f), cap2);
+}
+/// The host's soft-cap: the same formula with exp2f and 1 / x.
+inline float softcap2(float s2, float cap2, float k2) {
+  return softcap2(s2, cap2, k2, [](float x) { return exp2f(x); }, [](float x) { return 1.0f / x; });
 }
 
 /// A sink's term of a softmax denominator whose weights are 2^(s2 - sub) (base 2): 2^(sink log2(e) -
@@ -176,14 +177,32 @@ DG_HD float sink_weight2(float sink, float sub) { return exp2_shifted(sink * kLo
 /// The same for natural-log weights e^(s - M) (the V2 merge): e^(sink - M), 0 for sink = -inf.
 DG_HD float sink_weight(float sink, float M) { return exp_shifted(sink, M); }
 
+/// V1's sink, folded into a row whose running max is m (base 2) and whose weights are 2^(s - (m -
+/// shift)): the softmax's max becomes max(m, sink log2(e)) (docs/design.md: m = max(sigma, max_t
+/// s_t)), so the sink's term never overflows however far the sink lies above every logit. The row's
+/// l and acc are scaled by f (exactly 1, and skipped, where the sink does not raise the max: the
+/// bits of that case are those of adding the term alone), then l gains `term`.
+struct SinkFold {
+  float f;
+  float term;
+};
+DG_HD SinkFold sink_fold2(float sink, float m, float shift) {
+  const float s2 = sink * kLog2e;
+  if (!(s2 > m)) return SinkFold{1.0f, exp2_shifted(s2, m - shift)};  // 0 for sink = -inf
+  return SinkFold{exp2_shifted(m, s2), exp2f(shift)};
+}
+/// The V2 merge's max with the row's sink (-inf: none): M = max(sigma, max_p m_p), for the same reason.
+DG_HD float merge_max(float M, float sink) { return fmaxf(M, sink); }
+
 /// Pass 2 weight of a partition with max m_p and exp sum l_p, given the global max M:
 /// w_p = l_p * exp(m_p - M); an empty partition (m_p = -inf) weighs 0.
 DG_HD float partition_weight(float m_p, float l_p, float M) {
   return m_p == -INFINITY ? 0.0f : l_p * expf(m_p - M);
 }
 
-/// acc / l, or 0 where nothing was accumulated.
-DG_HD float normalise(float acc, float l) { return l > 0.0f ? acc / l : 0.0f; }
+/// acc / l, or 0 where nothing was accumulated (l = 0). A NaN l (a row that attended a NaN or
+/// infinite logit) gives NaN, never a finite number.
+DG_HD float normalise(float acc, float l) { return l != 0.0f ? acc / l : 0.0f; }
 
 /// Index of partition `part` of (seq, head) in the V2 max-logit / exp-sum arrays
 /// [num_seqs, num_q_heads, max_partitions]; multiply by head_size for partial_out rows.

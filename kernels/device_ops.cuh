@@ -1,7 +1,8 @@
 // The few device operations the kernels need beyond plain C++ and the CUDA intrinsics: asynchronous
 // 16-byte copies global -> shared (cp.async, sm_80+) with an L2 evict-first policy (K/V are read
 // once per step), their commit / wait groups, 16-byte shared loads through 32-bit shared
-// addresses (the swizzled layouts XOR them), ex2.approx for the softmax weights, and for the
+// addresses (the swizzled layouts XOR them), ex2.approx for the softmax weights and rcp.approx for
+// the soft-cap, and for the
 // tensor-core math ldmatrix (8x8 matrices of 16-bit elements, shared -> the mma fragment layout) and
 // mma.sync.m16n8k16 with fp32 accumulation; for fp8 KV caches, the paired conversion of fp8 codes
 // to fp16 (cvt.rn.f16x2.e4m3x2 / .e5m2x2, sm_89+; exact) and two 8-byte cp.async halves of one
@@ -93,6 +94,15 @@ __device__ __forceinline__ uint4 lds16(SmemAddr a) {
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// 1 / x: rcp.approx.ftz.f32, one MUFU.RCP (the soft-cap's reciprocal). PTX ISA 9.1, "rcp": at
+/// most 1 ulp of error over the full range; .ftz flushes subnormal inputs and results to
+/// sign-preserving zero; 1 / +-0 = +-inf, 1 / +-inf = +-0. The simulator models exactly that.
+__device__ __forceinline__ float rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 

@@ -293,6 +293,8 @@ void attend(const Geometry& g, const C& e, const typename C::T* kc, const typena
         }
         st.m[h] = step.m;
         for (int i = 0; i < n; ++i) {
+          // A masked token never multiplies its V (0 x inf = NaN): the kernels' edge tiles.
+          if (st.s[i] == math::neg_inf()) continue;
           const float p = pv_weight<E>(g.tensor_cores, st.s[i] - (step.sub - shift));
           st.l[h] += p;
           const float* v = vt + static_cast<std::size_t>(i) * hs;
@@ -365,11 +367,16 @@ float out_value(float acc, float l, const GroupState& st) {
   return math::normalise(acc, l);
 }
 
-// V1's softmax denominator of head h of the group: l plus the sink's term on the same scale
-// (weights are 2^(s - (m - shift))).
-float v1_denominator(const DecodeArgs& a, const Geometry& g, const GroupState& st, int kvh, int h, float shift) {
-  if (a.sinks == nullptr) return st.l[h];
-  return st.l[h] + math::sink_weight2(a.sinks[kvh * g.group + h % g.group], st.m[h] - shift);
+// V1's sink folded into row h of the group (math::sink_fold2, as the kernels' finish): the
+// denominator l f + term, and the output's factor f (1 unless the sink raises the max), on the
+// weights' scale 2^(s - (m - shift)).
+struct V1Denominator {
+  float l, oscale;
+};
+V1Denominator v1_denominator(const DecodeArgs& a, const Geometry& g, const GroupState& st, int kvh, int h, float shift) {
+  if (a.sinks == nullptr) return {st.l[h], 1.0f};
+  const math::SinkFold sf = math::sink_fold2(a.sinks[kvh * g.group + h % g.group], st.m[h], shift);
+  return {st.l[h] * sf.f + sf.term, sf.f};
 }
 
 // E: q and out; C: the cache (E itself, or fp8 codes; the math is then fp16's, W).
@@ -398,9 +405,9 @@ void run_v1(const DecodeArgs& a) {
       for (int h = 0; h < g.rows; ++h) {
         const int64_t orow = static_cast<int64_t>(seq) * g.q_len + h / g.group;
         const int64_t row = orow * detail::out_row_stride(a) + static_cast<int64_t>(kvh * g.group + h % g.group) * g.hs;
+        const V1Denominator den = v1_denominator(a, g, st, kvh, h, shift);
         const float* acc = st.acc.data() + static_cast<std::size_t>(h) * g.hs;
-        const float l = v1_denominator(a, g, st, kvh, h, shift);
-        for (int d = 0; d < g.hs; ++d) out[row + d] = E::store(out_value<kFp8>(acc[d], l, st));
+        for (int d = 0; d < g.hs; ++d) out[row + d] = E::store(out_value<kFp8>(acc[d], den.l, st) * den.oscale);
       }
     }
   }

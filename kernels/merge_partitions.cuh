@@ -4,10 +4,13 @@
 // M = max_p m_p, w_p = l_p * exp(m_p - M) (math::partition_weight), out = sum_p w_p o_p / sum_p w_p,
 // where o_p = acc_p / l_p is the normalised partial output. A single partition is copied (o_0 is
 // already the answer: no extra rounding). An attention sink sigma adds e^(sigma - M) to the
-// denominator, once per row (then a single partition is merged like several). With a sliding
+// denominator, once per row (then a single partition is merged like several), with M = max(sigma,
+// max_p m_p) (math::merge_max). With a sliding
 // window the partitions start at the window's first block (pass 1's), so n = ceil((len - origin) / P).
 //
-// Mapping. Grid: x = query head, y = sequence, z = slice of 32 head elements (merge_slices). A block
+// Mapping. Grid: x = query row x query head (heads fastest: a row's heads are neighbours, as their
+// partials are; x has room for 2^31 - 1 blocks where y would stop at 65535 rows), z = slice of 32
+// head elements (merge_slices). A block
 // is G groups of 8 threads (merge_groups: one group per partition up to 32). Thread j of group g
 // owns float4 column j of the slice; group g folds partitions g, g + G, ..., loading kMergeUnroll
 // of them (m_p, l_p and its 16-byte column) before it folds them, so a thread has 8 partials' loads
@@ -56,8 +59,8 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
   __shared__ float s_wsum[kMergeMaxWarps];
   __shared__ float s_warp_max[kMergeMaxWarps];
 
-  const int q_head = blockIdx.x;
-  const int seq = blockIdx.y;  // a query row: sequence seq / q_len's token seq % q_len
+  const int q_head = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.num_q_heads));
+  const int seq = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.num_q_heads));  // a query row: sequence seq / q_len's token seq % q_len
   const int tid = threadIdx.x;
   const int D = p.head_size;
   const int groups = blockDim.x / kMergeSliceCols;
@@ -122,6 +125,7 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
   __syncthreads();
   float M = math::neg_inf();
   for (int w = 0; w < warps; ++w) M = fmaxf(M, s_warp_max[w]);
+  M = math::merge_max(M, sink);  // a sink far above every partition must not overflow e^(sigma - M)
 
   float4 acc = float4{0.0f, 0.0f, 0.0f, 0.0f};
   float wsum = 0.0f;
@@ -205,7 +209,8 @@ __global__ void __launch_bounds__(kMergeMaxThreads) MergePartitionsKernel(const 
 template <typename T>
 void launch_merge_partitions(const MergeParams& p, cudaStream_t stream) {
   const int threads = merge_threads(p.max_partitions);
-  const dim3 grid(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs),
+  // num_seqs (rows) x num_q_heads <= INT_MAX: detail::validate_v2_args.
+  const dim3 grid(static_cast<unsigned>(p.num_q_heads) * static_cast<unsigned>(p.num_seqs), 1u,
                   static_cast<unsigned>(merge_slices(p.head_size)));
   if (fault::should_fail(fault::Site::kKernelLaunch))
     fault::throw_injected(fault::Site::kKernelLaunch, "launch of MergePartitionsKernel");

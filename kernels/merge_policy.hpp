@@ -5,7 +5,8 @@
 //
 // The order, which defines the result bit for bit (for one output element of one (sequence, query
 // head) with n >= 2 partitions; n = 1 is a copy of the partial):
-//   1. M = max_p m_p (exact in any order), w_p = math::partition_weight(m_p, l_p, M).
+//   1. M = max(sink, max_p m_p) (exact in any order; math::merge_max), w_p = math::partition_weight(m_p,
+//      l_p, M).
 //   2. 32 folds: fold v takes partitions v, v + 32, v + 64, ... in that order,
 //      acc_v = fmaf(w_p, o_p, acc_v) and W_v += w_p, both from 0.
 //   3. A binary tree over v: at level i (i = 0..4) fold v (a multiple of 2^(i+1)) adds fold
@@ -66,6 +67,7 @@ inline void merge_row_in_kernel_order(const float* m, const float* l, const floa
   }
   float M = math::neg_inf();
   for (int p = 0; p < n; ++p) M = std::fmax(M, m[p]);
+  M = math::merge_max(M, sink);
   std::vector<float> w(static_cast<std::size_t>(n));
   for (int p = 0; p < n; ++p) w[p] = math::partition_weight(m[p], l[p], M);
   const int used = n < kMergeFolds ? n : kMergeFolds;

@@ -16,8 +16,9 @@
 // cp.async copies with an L2 evict-first policy. Per iteration, for a whole-tile math: wait for tile
 // t's group, one barrier, issue tile t+S-1, compute tile t (tiles t+1 .. t+S-1 in flight); for a
 // split math (the tensor-core one): consume tile t, wait for tile t+1, one barrier (which also
-// publishes what consume stored), issue tile t+S-1, accumulate tile t. The partition's last tile
-// runs after the loop, the only one masked.
+// publishes what consume stored), issue tile t+S-1, accumulate tile t. The partition's last S - 1
+// tiles (the tail) run after the loop, masked, with nothing left to issue; the tiles a row reads
+// but partly must not attend are handled outside the loop too ("edge tiles" below).
 // Block ids are read once per tile per block, S tiles ahead, into a small shared table of segment
 // offsets; block_size enters as a shift and a mask. Pages are copied verbatim in their own layout
 // (decode_policy.hpp places the chunks so that reads and writes are bank-conflict free); only the
@@ -59,6 +60,12 @@
 namespace decodegraph::kernels {
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
+
+/// The soft-cap as the kernels compute it: math::softcap2 on the hardware's approximate exp2 and
+/// reciprocal (MUFU.EX2, MUFU.RCP; modelled by the simulator at their documented worst).
+__device__ __forceinline__ float softcap2_dev(float s2, float cap2, float k2) {
+  return math::softcap2(s2, cap2, k2, [](float x) { return dev::ex2(x); }, [](float x) { return dev::rcp(x); });
+}
 
 // ---------------------------------------------------------------- tile loader
 
@@ -246,10 +253,12 @@ __device__ __forceinline__ BlockHeads block_heads(const DecodeParams& p) {
 //                                    (warp-uniform; such warps only copy);
 //   consume<kMasked>(sk, sv, tile_start, end)
 //                                    fold one tile (shared addresses of its K and V parts);
-//                                    kMasked only for the partition's last tile, the only one
-//                                    that can hold tokens at or past `end` (every tile masks
-//                                    positions before a window);
-//   finish(), write(p, seq, part)    merge what lanes keep, write V1 output or V2 partials.
+//                                    kMasked for the tail's tiles only (the last tile is the only
+//                                    one that can hold tokens at or past `end`; every tile masks
+//                                    by window and causality);
+//   finish(), write(p, seq, part)    merge what lanes keep, write V1 output or V2 partials;
+//   poison_rows(p, len, pred)        after finish: makes NaN each of the thread's rows whose query
+//                                    position satisfies pred (poison_edge).
 
 /// One warp per query head: q and the output accumulators in registers, per-row logits in
 /// registers, shuffles for every reduction. The cache holds T too (fp8 caches run on tensor cores).
@@ -274,6 +283,7 @@ struct CudaCoreMath {
   float m;
   float l;  // this lane's share until finish(); then the row's total
   float slope2;  // ALiBi slope * log2(e)
+  float oscale;  // V1: the sink's rescale of the output (1 unless the sink raises the max; finish)
   float scale2;  // scale * log2(e): logits are kept in base 2 (decode_math.hpp)
   /// The warps' query positions (seq_len - q_len + the row's token): ALiBi and the masks read them
   /// per tile from shared memory (the driver's barrier precedes every consume), so that the kernels
@@ -345,7 +355,7 @@ struct CudaCoreMath {
   }
 
   /// Folds tile tokens [z*NR, (z+1)*NR) (absolute positions tile_start + ...) into the state;
-  /// tokens outside the row's window or after its query and, kMasked (the partition's last tile),
+  /// tokens outside the row's window or after its query and, kMasked (the tail's tiles),
   /// at or past `end` weigh 0. sk / sv: shared addresses of the stage's K and V
   /// parts (kStageAlign-aligned).
   template <bool kMasked>
@@ -394,7 +404,7 @@ struct CudaCoreMath {
     const int pos = tile_start + t0 + owner(j & (NR - 1));
     const int rel = pos - qpos_table()[static_cast<int>(threadIdx.x) / 32];
     float s = math::logit2(dot[0], scale2, slope2 * static_cast<float>(rel));  // math::alibi_bias2
-    if (p.cap2 > 0.0f) s = math::softcap2(s, p.cap2, p.cap2_k);  // after scale and bias, before the masks
+    if (p.cap2 > 0.0f) s = softcap2_dev(s, p.cap2, p.cap2_k);  // after scale and bias, before the masks
     // Every tile: outside the row's window and after its query (q_len > 1), one compare.
     if ((kMasked && pos >= end) || !math::attends(rel, p.window_span)) s = math::neg_inf();
     float tile_max = s;
@@ -472,7 +482,18 @@ struct CudaCoreMath {
       m = mf.m;
     }
     // NOTE(graph): the sink is read from memory. V2's partials leave it to the merge.
-    if (!p.write_partials && p.sinks != nullptr) l += math::sink_weight2(__ldg(p.sinks + warp_head(p)), m);
+    oscale = 1.0f;
+    if (!p.write_partials && p.sinks != nullptr) {
+      const math::SinkFold sf = math::sink_fold2(__ldg(p.sinks + warp_head(p)), m, 0.0f);
+      l = l * sf.f + sf.term;  // f = 1 (exact) unless the sink raises the row's max
+      oscale = sf.f;           // then the output is rescaled too (write)
+    }
+  }
+
+  /// After finish (poison_edge): the warp's row becomes NaN where pred(its query position) holds.
+  template <class F>
+  __device__ __forceinline__ void poison_rows(const DecodeParams&, int, F&& pred) {
+    if (pred(qpos_table()[static_cast<int>(threadIdx.x) / 32])) l = bits_float(0x7fc00000u);
   }
 
   /// Slice 0 writes: V1 the normalised output row, V2 the partial (m, l, acc / l).
@@ -508,12 +529,110 @@ struct CudaCoreMath {
         if (!lane_chunk_valid(c)) continue;
         float o[CE];
 #pragma unroll
-        for (int e = 0; e < CE; ++e) o[e] = math::normalise(acc[k][e], l);
+        for (int e = 0; e < CE; ++e) o[e] = math::normalise(acc[k][e], l) * oscale;
         *reinterpret_cast<uint4*>(dst + c * CE) = Conv::pack(o);
       }
     }
   }
 };
+
+// ---------------------------------------------------------------- edge tiles
+// Bytes a row reads but does not attend (docs/design.md, "Bytes a row reads but does not attend").
+// A block reads whole tiles, and inside them some positions are masked for some of its rows: those
+// before the last row's window (lead_end) and, with q_len > 1, those after the first row's query
+// (tail_start). Their weights are exactly 0, but 0 x inf = NaN in the p.v of both maths, so a
+// non-finite V value there (a window's edge block, a stale or garbage draft) would turn the rows
+// that mask it into NaN. Two places handle them, both outside the main loop:
+//   - the lead's tiles (at most three, all issued by the prologue) are scanned in shared memory
+//     before the loop: non-finite V values at masked positions are zeroed, their positions marked
+//     (sanitize_edge);
+//   - the tail's tiles (the last tile, and with q_len > 1 those holding the drafts: at most three)
+//     run after the loop, masked; once they have all landed, the same scan runs on the drafts'
+//     positions in them.
+// After the loop a row that attends a marked position becomes NaN (poison_edge). So a row that
+// attends no inf or NaN keeps its bits, and one that attends one is not finite.
+
+/// The positions some row of a sequence of `len` tokens masks inside what its blocks read.
+struct EdgeBounds {
+  int lead_end;    // positions < lead_end lie before the last row's window (0: no window)
+  int tail_start;  // positions >= tail_start lie after the first row's query (INT_MAX: q_len 1)
+};
+__device__ __forceinline__ EdgeBounds edge_bounds(const DecodeParams& p, int len) {
+  return EdgeBounds{math::window_first(len, p.window), p.q_len > 1 ? len - p.q_len + 1 : INT_MAX};
+}
+
+/// The block's edge state in shared memory, not registers (the kernels at their register caps have
+/// none to spare across the main loop): [0] set when a position was marked (block-uniform after
+/// the next barrier), [1] the sequence's clamped length, [2] lead_end, [3] tail_start, [4] the
+/// first position of the tail's tiles, [5] the block's first position (`start`).
+__device__ __forceinline__ int* edge_state() {
+  __shared__ int state[6];
+  return state;
+}
+/// Positions whose V held a non-finite value: [pos - start] before lead_end (fewer than 64: start
+/// is the tile of row 0's window start, at most NTOK - 1 + 15 before lead_end), [kEdgeLeadMarks +
+/// pos - the tail's first position] in the tail's S - 1 tiles (at most 96 positions). Every writer
+/// stores 1, so concurrent writers need no atomics.
+inline constexpr int kEdgeLeadMarks = 64;
+inline constexpr int kEdgeMarks = kEdgeLeadMarks + 96;
+__device__ __forceinline__ unsigned char* edge_marks() {
+  __shared__ unsigned char marks[kEdgeMarks];
+  return marks;
+}
+/// Raw bits of a cache element that is an inf or a NaN (fp8 E4M3: its NaN codes; E5M2: inf and NaN).
+template <typename KV>
+__device__ __forceinline__ bool nonfinite_bits(uint32_t b) {
+  if constexpr (std::is_same_v<KV, __half>) return (b & 0x7c00u) == 0x7c00u;
+  if constexpr (std::is_same_v<KV, __nv_bfloat16>) return (b & 0x7f80u) == 0x7f80u;
+  if constexpr (std::is_same_v<KV, __nv_fp8_e4m3>) return (b & 0x7fu) == 0x7fu;
+  if constexpr (std::is_same_v<KV, __nv_fp8_e5m2>) return (b & 0x7cu) == 0x7cu;
+  return (b & 0x7f800000u) == 0x7f800000u;
+}
+/// Edge positions [lo, hi) of the block's tiles (landed and published; stage_v(u): tile u's V part):
+/// zeroes their non-finite V values, marks those positions and sets edge_state()[0]. Every thread
+/// takes part; the caller's barrier publishes the stores.
+template <typename KV, int D, KVLayout kLayout, class P, class StageV>
+__device__ __forceinline__ void sanitize_edge(int lo, int hi, StageV stage_v) {
+  constexpr int CE = P::kChunkElems;
+  constexpr int NTOK = P::kTileTokens;
+  const int start = edge_state()[5];
+  // Positions one at a time (block-uniform), d spread over the threads: few registers beside the
+  // math's state, which is live here (the kernels sit at their register caps).
+#pragma unroll 1
+  for (int pos = lo; pos < hi; ++pos) {
+    const int t = (pos - start) % NTOK;  // the token within its tile
+    char* const sv = stage_v((pos - start) / NTOK);
+#pragma unroll 1
+    for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
+      // NHD: chunk d / CE of token t; vLLM: tokens t / CE * CE .. + CE - 1 of d.
+      const int at = 16 * (kLayout == KVLayout::kNHD ? smem_pos_nhd<P>(t, d / CE) : smem_pos_vllm_v<P>(d, t / CE)) +
+                     static_cast<int>(sizeof(KV)) * (kLayout == KVLayout::kNHD ? d % CE : t % CE);
+      Bits<KV>* v = reinterpret_cast<Bits<KV>*>(sv + at);
+      if (!nonfinite_bits<KV>(*v)) continue;
+      *v = 0;
+      edge_state()[0] = 1;
+      if (pos < edge_state()[2]) edge_marks()[pos - start] = 1;
+      if (pos >= edge_state()[3]) edge_marks()[kEdgeLeadMarks + pos - edge_state()[4]] = 1;
+    }
+  }
+}
+
+/// After the loop (edge_state()[0] set): each row that attends a marked position of [start, end)
+/// becomes NaN (M::poison_rows: the thread's rows by their query positions).
+template <class M>
+__device__ __forceinline__ void poison_edge(const DecodeParams& p, M& math, int end) {
+  const int start = edge_state()[5];
+  const int lead_hi = cmin(edge_state()[2], end);
+  const int tail0 = edge_state()[4];
+  math.poison_rows(p, edge_state()[1], [&](int qpos) {
+    bool hit = false;
+    for (int pos = start; pos < lead_hi; ++pos)
+      hit |= edge_marks()[pos - start] && math::attends(pos - qpos, p.window_span);
+    for (int pos = tail0; pos < end; ++pos)
+      hit |= edge_marks()[kEdgeLeadMarks + pos - tail0] && math::attends(pos - qpos, p.window_span);
+    return hit;
+  });
+}
 
 // ---------------------------------------------------------------- device body
 
@@ -572,12 +691,26 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   const int tid = static_cast<int>(threadIdx.x);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
 
+  // The edge state first, before the math's registers fill (published by the prologue's barrier).
+  const int ntiles = (end - start + NTOK - 1) / NTOK;
+  for (int i = tid; i < kEdgeMarks; i += static_cast<int>(blockDim.x)) edge_marks()[i] = 0;
+  if (tid == 0) {
+    const EdgeBounds eb = edge_bounds(p, len);
+    int* es = edge_state();
+    es[0] = 0;
+    es[1] = len;
+    es[2] = eb.lead_end;
+    es[3] = eb.tail_start;
+    // The tail: the last S - 1 = 3 tiles, all in flight once the loop has issued its last; the
+    // drafts after the first row's query (at most 15 positions) and the end lie within them.
+    es[4] = start + cmax(0, ntiles - (S - 1)) * NTOK;
+    es[5] = start;
+  }
   const TileLoader<KV, D, kLayout, P> loader(p, kv_head);
   M math;
   // Warp-uniform. Warps that take no part (CUDA-core math: past the chunk's heads) only copy.
   const bool active = math.init(p, seq, len);
 
-  const int ntiles = (end - start + NTOK - 1) / NTOK;
   const int nseg = loader.segments();
   auto stage_k = [&](int t) { return stages + (t % S) * (kStageChunks * 16); };
   auto stage_v = [&](int t) { return stages + (t % S) * (kStageChunks * 16) + P::kOperandChunks * 16; };
@@ -598,33 +731,53 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
     dev::cp_async_commit();
   }
 
+  // ------------------------------------------------ edge tiles before the loop
+  // The tiles holding positions before the last row's window (at most three: row 0's window starts
+  // in tile 0, and q_len - 1 <= 15 more positions follow) are among those the prologue issued: they
+  // are sanitized here, before any math reads them, so the main loop has no edge code.
+  const int t_lead = [&] {
+    const int lead_end = edge_state()[2];  // published by the prologue's barrier
+    return lead_end > start ? cmin(ntiles, (lead_end - start + NTOK - 1) / NTOK) : 0;
+  }();
+  static_assert(S - 1 >= 3, "the lead's edge tiles are among the prologue's");
+  if (t_lead > 0) {  // block-uniform
+    dev::cp_async_wait<0>();
+    __syncthreads();
+    sanitize_edge<KV, D, kLayout, P>(start, cmin(edge_state()[2], end), stage_v);
+    __syncthreads();
+  }
+
   // ------------------------------------------------ main loop over tiles (block-uniform bounds)
   // One tile t per step. A whole-tile math (kSplitTile false): wait for tile t, one barrier
   // (everyone's copies landed; everyone is done with tile t-1, whose stage is refilled), issue tile
   // t+S-1, compute tile t. A split math: consume(t) (with its own barrier inside), wait for tile
   // t+1, one barrier (tile t+1 landed; what consume(t) stored is visible; everyone is done with
   // tile t-1's stage: its V was read before consume(t)'s barrier), issue tile t+S-1 into that
-  // stage, accumulate(t). The partition's last tile runs after the loop with the mask, so the loop
-  // itself never masks.
+  // stage, accumulate(t). The loop stops where the tail (edge_state()[4]) begins, S - 1 tiles
+  // before the end: every tile it issues (t + S - 1) exists, it fetches the ids of tile t + S while
+  // t + 1 < t_tail, so t_tail is its one bound, and it never masks past the end. The tail's tiles
+  // run after it, masked, with nothing left to issue.
+  const int t_tail = cmax(0, ntiles - (S - 1));
   auto step = [&](int t, auto last) {
+    constexpr bool kIssue = !decltype(last)::value;  // the tail has nothing left to issue
     const int tn = t + S - 1;
     if constexpr (!M::kSplitTile) {
       dev::cp_async_wait<S - 2>();  // this thread's copies of tile t have landed
       __syncthreads();
-      if (tn < ntiles) loader.issue(stage_k(tn), stage_v(tn), s_seg + (tn % S) * NSEG, start + tn * NTOK, end);
-      dev::cp_async_commit();
+      if constexpr (kIssue) loader.issue(stage_k(tn), stage_v(tn), s_seg + (tn % S) * NSEG, start + tn * NTOK, end);
+      dev::cp_async_commit();  // empty in the tail: the waits count groups
     }
     // Block ids of tile t+S: loaded now, stored after the math so the load's latency hides behind
     // it. Slot (t+S) % S held tile t's offsets, whose copies were issued S-1 iterations ago.
     const int tf = t + S;
-    const bool fetch = tid < nseg && tf < ntiles;
+    const bool fetch = kIssue && tid < nseg && t + 1 < t_tail;  // tf < ntiles
     const int32_t id = fetch ? loader.load_id(table, start + tf * NTOK, end, tid) : 0;
     if (active) math.template consume<decltype(last)::value>(p, dev::smem_addr(stage_k(t)), dev::smem_addr(stage_v(t)), start + t * NTOK, end);
     if constexpr (M::kSplitTile) {
       dev::cp_async_wait<S - 3>();  // this thread's copies of tile t+1 have landed
       __syncthreads();
-      if (tn < ntiles) loader.issue(stage_k(tn), stage_v(tn), s_seg + (tn % S) * NSEG, start + tn * NTOK, end);
-      dev::cp_async_commit();
+      if constexpr (kIssue) loader.issue(stage_k(tn), stage_v(tn), s_seg + (tn % S) * NSEG, start + tn * NTOK, end);
+      dev::cp_async_commit();  // empty in the tail: the waits count groups
       if (active) math.accumulate(dev::smem_addr(stage_v(t)));
     }
     if (fetch) s_seg[(tf % S) * NSEG + tid] = loader.clamp_id(p, id, loader.segment_index(start + tf * NTOK, tid));
@@ -633,15 +786,22 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
     dev::cp_async_wait<S - 2>();  // tile 0
     __syncthreads();
   }
-  // Only the last tile masks what lies past `end`. Every tile masks positions before the window
-  // (one compare and select per logit; only partition 0's first tile has any): a separate masked
-  // lead step cost registers (spills) and code for less than that.
-  for (int t = 0; t < ntiles - 1; ++t) step(t, std::false_type{});
-  step(ntiles - 1, std::true_type{});
+  int t = 0;
+  for (; t < t_tail; ++t) step(t, std::false_type{});  // the main loop
+  // The tail's edge positions (after the first row's query, q_len > 1) are sanitized once its
+  // tiles have landed (all in flight: the loop issued the last), before their math reads them.
+  if (edge_state()[3] < end) {  // block-uniform
+    dev::cp_async_wait<0>();
+    __syncthreads();
+    sanitize_edge<KV, D, kLayout, P>(cmax(edge_state()[3], start), end, stage_v);
+    __syncthreads();
+  }
+  for (const int n = (end - start + NTOK - 1) / NTOK; t < n; ++t) step(t, std::true_type{});  // the tail, masked
   if (tid < nseg) Loader::report_bad_block(p, seq, Loader::bad_table()[tid]);
 
   if (!active) return;  // no barrier below
   math.finish(p);
+  if (edge_state()[0]) poison_edge(p, math, end);  // block-uniform
   math.write(p, seq, part);
 }
 
@@ -701,7 +861,7 @@ void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
   p.heads_per_block = pass1_heads_per_block_for(p.group_size);
   p.block_size_log2 = ilog2(p.block_size);
   const bool tensor_cores = pass1_uses_tensor_cores(sizeof(KV), p.group_size);
-  // Grid y and z are limited to 65535 blocks.
+  // Grid y and z are limited to 65535 blocks (num_seqs: validate_decode_args, kMaxSeqsPerLaunch).
   require(p.num_seqs <= 65535, "num_seqs", p.num_seqs, "at most 65535 per launch");
   require(static_cast<int64_t>(p.num_kv_heads) * p.head_chunks <= 65535, "num_kv_heads", p.num_kv_heads,
           "at most 65535 / head chunks per launch");

@@ -88,6 +88,7 @@ struct TensorCoreMath {
   float m;              // running max (base 2) of the softmax row this lane owns
   float scale2;         // fp8: scale * log2(e) * k_scale * 2^-s of the owned row (else p.scale2)
   float vscale;         // fp8: v_scale of the block's KV head (1 otherwise)
+  float oscale[2];      // V1 rows g, g + 8: the sink's rescale of the output (1 unless it raises the max)
   float slope2;         // ALiBi slope * log2(e) of the owned row (0 for padded rows)
   int pos_off;          // the owned pairs' first token in the tile, minus seq_len - 1 (ALiBi)
   int s_off;            // float2 index of the owned row's first pair in the score buffer
@@ -333,7 +334,7 @@ struct TensorCoreMath {
     // whole block (per logit, ptxas predicated it and the uncapped loop paid for it).
     if (p.cap2 > 0.0f) {
 #pragma unroll
-      for (int i = 0; i < 2 * PPL; ++i) sc[i] = math::softcap2(sc[i], p.cap2, p.cap2_k);
+      for (int i = 0; i < 2 * PPL; ++i) sc[i] = softcap2_dev(sc[i], p.cap2, p.cap2_k);
     }
 #pragma unroll
     for (int i = 0; i < 2 * PPL; ++i) {
@@ -470,10 +471,13 @@ struct TensorCoreMath {
   }
 
   /// Nothing left to merge: every lane holds l of rows g, g + 8 (lsum), the owners the rows' max.
-  /// V1 with sinks: each row's sink joins lsum on the weights' scale, 2^(sink log2(e) - (m - kShift));
+  /// V1 with sinks: each row's sink joins lsum on the weights' scale (math::sink_fold2: the max
+  /// becomes max(m, sink log2(e)); where the sink raises it, lsum is rescaled and the output too,
+  /// by oscale in write, so that acc is never touched here);
   /// the owners publish m through the factors buffer (two block barriers, block-uniform: every
   /// warp takes part).
   __device__ __forceinline__ void finish(const DecodeParams& p) {
+    oscale[0] = oscale[1] = 1.0f;
     if (p.write_partials || p.sinks == nullptr) return;
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -487,8 +491,25 @@ struct TensorCoreMath {
     // NOTE(graph): the sinks are read from memory.
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if (r.real(p, (lane >> 2) + 8 * h))
-        lsum[h] += math::sink_weight2(__ldg(p.sinks + r.head(p, (lane >> 2) + 8 * h)), (h ? mr.y : mr.x) - kShift);
+      if (r.real(p, (lane >> 2) + 8 * h)) {
+        const math::SinkFold sf = math::sink_fold2(__ldg(p.sinks + r.head(p, (lane >> 2) + 8 * h)), h ? mr.y : mr.x, kShift);
+        lsum[h] = lsum[h] * sf.f + sf.term;  // f = 1 (exact) unless the sink raises the row's max
+        oscale[h] = sf.f;
+      }
+  }
+
+  /// After finish (poison_edge): row g or g + 8 of this lane becomes NaN (its l: output and V2
+  /// partial NaN) where pred(its query position) holds.
+  template <class F>
+  __device__ __forceinline__ void poison_rows(const DecodeParams& p, int len, F&& pred) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const Rows r = rows(p);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = (lane >> 2) + 8 * h;
+      if (r.real(p, row) && pred(math::row_len(len, p.q_len, q_row_token(p, r.v0 + row)) - 1))
+        lsum[h] = bits_float(0x7fc00000u);
+    }
   }
 
   /// An output value: acc / l (fp8: times v_scale).
@@ -552,14 +573,15 @@ struct TensorCoreMath {
         }
       } else {
         T* dst = static_cast<T*>(p.out) + static_cast<int64_t>(io) * p.out_stride + static_cast<int64_t>(q_head) * D;
+        const float os = oscale[h];
         if constexpr (kFp8 && kLayout == KVLayout::kNHD) {
 #pragma unroll
           for (int j = 0; j < NTW / 2; ++j) {
             const int c = warp * (NTW / 2) + j;
             if (c < P::kChunksPerToken)
               *reinterpret_cast<uint2*>(dst + 16 * c + 4 * t) =
-                  uint2{pack_out(p, out_value(acc[2 * j][2 * h], l), out_value(acc[2 * j + 1][2 * h], l)),
-                        pack_out(p, out_value(acc[2 * j][2 * h + 1], l), out_value(acc[2 * j + 1][2 * h + 1], l))};
+                  uint2{pack_out(p, out_value(acc[2 * j][2 * h], l) * os, out_value(acc[2 * j + 1][2 * h], l) * os),
+                        pack_out(p, out_value(acc[2 * j][2 * h + 1], l) * os, out_value(acc[2 * j + 1][2 * h + 1], l) * os)};
           }
         } else {
 #pragma unroll
@@ -567,7 +589,7 @@ struct TensorCoreMath {
             const int dt = warp * NTW + i;
             if (NTW * P::kWarps == NDT || dt < NDT)
               *reinterpret_cast<uint32_t*>(dst + 8 * dt + 2 * t) =
-                  pack_out(p, out_value(acc[i][2 * h], l), out_value(acc[i][2 * h + 1], l));
+                  pack_out(p, out_value(acc[i][2 * h], l) * os, out_value(acc[i][2 * h + 1], l) * os);
           }
         }
       }

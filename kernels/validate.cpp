@@ -1,6 +1,7 @@
 // Argument validation for the eager entry points (attention.hpp) and the V2 workspace layout.
 // Everything here is host-only and reads only host memory: device pointers are checked for null and
 // alignment, never dereferenced; contents are checked only through the optional host_* copies.
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -80,7 +81,9 @@ void validate_partition_size(const AttentionSpec& spec, int partition_size) {
 void validate_decode_args(const DecodeArgs& a) {
   validate_spec(a.spec);
   const AttentionSpec& s = a.spec;
-  require(a.num_seqs > 0, "num_seqs", a.num_seqs, "a positive integer");
+  // Pass 1's grid z is the sequences (at most 65535 blocks): checked here, before anything launches.
+  require(a.num_seqs > 0 && a.num_seqs <= kMaxSeqsPerLaunch, "num_seqs", a.num_seqs,
+          "1 .. " + std::to_string(kMaxSeqsPerLaunch) + " per launch (the kernels' grid z)");
   require(a.q_len >= 1 && a.q_len <= kMaxQLen, "q_len", a.q_len, "1 .. kMaxQLen = 1 .. " + std::to_string(kMaxQLen));
   require(a.max_seq_len > 0, "max_seq_len", a.max_seq_len, "a positive integer");
   require(a.num_blocks > 0, "num_blocks", a.num_blocks, "a positive integer");
@@ -171,6 +174,11 @@ V2WorkspaceLayout detail::validate_v2_args(const DecodeArgs& args, int partition
   validate_partition_size(args.spec, partition_size);
   const V2WorkspaceLayout w =
       v2_workspace_layout(args.spec, args.num_seqs, args.max_seq_len, partition_size, args.q_len);
+  // The merge's grid x is rows x heads (kernels/merge_partitions.cuh).
+  const int64_t merge_blocks = static_cast<int64_t>(args.num_seqs) * args.q_len * args.spec.num_q_heads;
+  require(merge_blocks <= INT_MAX, "num_seqs", args.num_seqs,
+          "num_seqs x q_len x num_q_heads at most 2^31 - 1 (the merge's grid x; here " +
+              std::to_string(merge_blocks) + ")");
   require_ptr(workspace, "workspace", kTensorAlign);
   require(workspace_bytes >= w.total_bytes, "workspace_bytes", workspace_bytes,
           "at least v2_workspace_size(...) = " + std::to_string(w.total_bytes));

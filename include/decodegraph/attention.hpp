@@ -39,6 +39,8 @@ namespace decodegraph {
 
 /// The most query tokens per sequence one call takes (DecodeArgs::q_len).
 inline constexpr int kMaxQLen = 16;
+/// The most sequences one call takes (DecodeArgs::num_seqs): the kernels' grid z.
+inline constexpr int kMaxSeqsPerLaunch = 65535;
 
 /// Arguments of one attention call. Pointers are device pointers for the CUDA launchers and host
 /// pointers for host:: functions and reference::.

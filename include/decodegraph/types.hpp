@@ -56,6 +56,12 @@ KVLayout parse_layout(const std::string& name);
 /// case); throws InvalidArgument otherwise.
 KVCacheDType parse_kv_cache_dtype(const std::string& name);
 
+/// The soft-caps AttentionSpec::logit_softcap accepts besides 0: the kernels' tanh (approximate exp2
+/// and reciprocal) moves each weight by up to ~4.5 x 2^-24 x c of itself, so a cap past 1e4 costs more
+/// precision than an fp16 output holds; below 1e-6 every logit lies within 1e-6 of 0.
+inline constexpr float kMinLogitSoftcap = 1e-6f;
+inline constexpr float kMaxLogitSoftcap = 1e4f;
+
 /// The static shape of one attention layer.
 struct AttentionSpec {
   int num_q_heads = 32;
@@ -79,7 +85,7 @@ struct AttentionSpec {
   /// window are never read, neither their block-table entries nor their data.
   int sliding_window = 0;
   /// Logit soft-cap c: each logit s = scale * q.k (+ ALiBi bias) becomes c * tanh(s / c), before
-  /// any mask. 0 = off; otherwise finite and > 0.
+  /// any mask. 0 = off; otherwise kMinLogitSoftcap <= c <= kMaxLogitSoftcap (models use 30-50).
   float logit_softcap = 0.0f;
 
   /// scale, or 1/sqrt(head_size) when scale is 0.

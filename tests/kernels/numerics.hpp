@@ -11,11 +11,14 @@
 //            relative size e move the output by about e * sigma * R (a random walk over the tokens).
 //   Lam    = max_t |s_t| + |m| (natural units): the size of the numbers the fp32 logit and
 //            exponent arithmetic rounds.
+//   C      = the logit soft-cap c (0: none): its approximate exp2 and reciprocal move each logit
+//            by up to ~4.5 u c (kernels/decode_math.hpp, softcap2), each weight by as much of itself.
 // The contract (per path, constants in contract()): with u = 2^-24,
-//   |out - ref| <= out_round + R * (c_w * sigma + c_s * u * Lam + c_a * u * sqrt(n / 16))
+//   |out - ref| <= out_round + R * (c_w * sigma + c_s * u * Lam + c_c * u * C + c_a * u * sqrt(n / 16))
 // where out_round is half an ulp of the output dtype at max(|out|, |ref|) (0 for fp32 partials),
 // c_w the per-weight relative error of the path's weights (derived in docs/design.md), c_s the
-// logit term and c_a the fp32 accumulation of the weighted sum (one rounding per 16 tokens).
+// logit term, c_c the soft-cap's and c_a the fp32 accumulation of the weighted sum (one rounding per
+// 16 tokens); the weight terms add in quadrature and scale with the weights' spread (sigma).
 #pragma once
 
 #include <algorithm>
@@ -61,6 +64,7 @@ struct Part {
   double m = 0, l = 0;   // max logit (natural units), sum exp(s - m)
   double sigma = 0, lam = 0;
   double span = 0;       // max - min logit
+  double cap = 0;        // the soft-cap c (natural units; 0: none)
   double wmax = 0;       // the largest weight's share, max_t w_t / sum_t w_t
   std::vector<double> o, R;  // normalised output, max_t |v_t[d]|
   std::vector<double> spread;  // sqrt(sum_t w_t^2 (v_t[d] - o[d])^2) / sum_t w_t
@@ -107,6 +111,7 @@ inline Reference reference_partitions(const DecodeArgs& a, int partition_size) {
       const int kvh = h / group;
       for (int d = 0; d < hs; ++d) q[d] = decodegraph::load_as_float(dt, a.q, seq * q_row + int64_t{h} * hs + d);
       const double slope = a.alibi_slopes ? double(a.alibi_slopes[h]) : 0.0;
+      const double cap = s.logit_softcap;
       for (int p = 0; p * partition_size < len; ++p) {
         Part& part = r.parts[(static_cast<std::size_t>(seq) * r.heads + h) * r.max_partitions + p];
         const int t0 = p * partition_size, t1 = std::min(len, t0 + partition_size);
@@ -117,6 +122,7 @@ inline Reference reference_partitions(const DecodeArgs& a, int partition_size) {
           double dot = 0;
           for (int d = 0; d < hs; ++d) dot += q[d] * cache_value(a, a.k_cache, st.k(table[t / bs], kvh, t % bs, d), a.k_scale, kvh);
           logit[t - t0] = dot * scale + slope * double(t - len + 1);
+          if (cap > 0) logit[t - t0] = cap * std::tanh(logit[t - t0] / cap);
           part.m = std::max(part.m, logit[t - t0]);
         }
         double l = 0, l2 = 0, lam = 0, lo = INFINITY;
@@ -156,6 +162,7 @@ inline Reference reference_partitions(const DecodeArgs& a, int partition_size) {
         part.wmax = 1.0 / l;  // the max logit's weight is exp(0) = 1
         part.lam = lam + std::fabs(part.m);
         part.span = part.m - lo;
+        part.cap = cap;
       }
     }
   }
@@ -181,6 +188,7 @@ inline const char* to_string(Path p) { return p == Path::kTensorCores ? "tensor 
 struct Contract {
   double w;      // rms relative error of one weight (the path's rounding of P, ex2.approx)
   double s;      // rms relative weight error from the fp32 logit arithmetic, per unit of u * Lam
+  double cap;    // rms relative weight error from the soft-cap's arithmetic, per unit of u * C
   double a;      // rms accumulation error, per unit of u * sqrt(n) * A
   double max_z;  // every element: z <= max_z
   double rms_z;  // every case: rms of z over its elements <= rms_z
@@ -196,7 +204,11 @@ inline Contract contract(Path p, DType dt) {
     w = std::sqrt(split * split + ex2 * ex2);
     acc = 0.85;
   }
-  return Contract{w, 0.4, acc, 6.0, 1.0, 0.95};
+  // The soft-cap (decode_math.hpp, softcap2): the base-2 logit moves by 2 cap2 r (e / (e + 1) ex2's
+  // error - rcp's + the rounding of e + 1) plus the fma's rounding, r = 1 / (e + 1). At random signs
+  // (ex2 2 ulp: 2.9 u rms, rcp 1 ulp: 1.5 u) that is at most ~3.2 u cap2 rms (r -> 1), i.e. 3.2 u C
+  // of each weight (ln 2 cap2 = C); at most ~6.5 u cap2 = 4.5 u C.
+  return Contract{w, 0.4, 3.3, acc, 6.0, 1.0, 0.95};
 }
 inline constexpr double kU = 5.9604644775390625e-08;  // 2^-24
 
@@ -204,8 +216,9 @@ inline constexpr double kU = 5.9604644775390625e-08;  // 2^-24
 inline double deviation(const Contract& c, const Part& p, int d) {
   const double w = c.w * p.spread[d];
   const double s = c.s * kU * p.lam * p.spread[d];
+  const double k = c.cap * kU * p.cap * p.spread[d];
   const double a = c.a * kU * std::sqrt(double(p.n)) * p.prefix[d];
-  return std::sqrt(w * w + s * s + a * a);
+  return std::sqrt(w * w + s * s + k * k + a * a);
 }
 
 inline double ulp_of(DType dt, double x) {
@@ -304,11 +317,11 @@ inline Measure measure_output(const DecodeArgs& a, const Reference& ref, const v
 /// rounding), and the max logits and exp sums as relative errors.
 struct PartialMeasure {
   Measure o;
-  double max_m_err = 0;  // |m - ref_m| / max(1, lam): in units of the logits' own size
-  double max_l_rel = 0;  // |l - ref_l| / ref_l / (lam + 4 sqrt(n)): in units of u
-  /// m within 4 u of the logits' size (two roundings of the base-2 logit and the ln 2 back);
-  /// l within 1.5 u (lam + 4 sqrt(n)): the logits' rounding moves every weight by up to ~u lam, the
-  /// sum of n weights adds ~u sqrt(n).
+  double max_m_err = 0;  // |m - ref_m| / (max(1, lam) + 1.5 C): in units of the logits' own size
+  double max_l_rel = 0;  // |l - ref_l| / ref_l / (lam + 4 sqrt(n) + 4 C): in units of u
+  /// m within 4 u of the logits' size (two roundings of the base-2 logit and the ln 2 back) plus
+  /// the soft-cap's 6 u C; l within 1.5 u (lam + 4 sqrt(n)) plus 6 u C: the logits' rounding moves
+  /// every weight by up to ~u lam (and the cap's by 4.5 u C), the sum of n weights adds ~u sqrt(n).
   ::testing::AssertionResult holds() const {
     if (max_m_err <= 4 * kU && max_l_rel <= 1.5 * kU) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure() << "max logit error " << max_m_err / kU << " u (allowed 4), exp sum error "
@@ -330,10 +343,11 @@ inline PartialMeasure measure_partials(const DecodeArgs& a, const Reference& ref
       for (int p = 0; p * partition_size < a.seq_lens[seq]; ++p) {
         const Part& r = ref.at(seq, h, p);
         const std::size_t idx = (static_cast<std::size_t>(seq) * H + h) * w.max_partitions + p;
-        pm.max_m_err = std::max(pm.max_m_err, std::fabs(ml[idx] - r.m) / std::max(1.0, r.lam));
+        pm.max_m_err = std::max(pm.max_m_err, std::fabs(ml[idx] - r.m) / (std::max(1.0, r.lam) + 1.5 * r.cap));
         // l is relative to the kernel's own max: rescale the reference to it.
         const double l_ref = r.l * std::exp(r.m - double(ml[idx]));
-        pm.max_l_rel = std::max(pm.max_l_rel, std::fabs(es[idx] - l_ref) / l_ref / (r.lam + 4 * std::sqrt(double(r.n))));
+        pm.max_l_rel = std::max(pm.max_l_rel,
+                                std::fabs(es[idx] - l_ref) / l_ref / (r.lam + 4 * std::sqrt(double(r.n)) + 4 * r.cap));
         for (int d = 0; d < hs; ++d)
           pm.o.add(DType::kFloat32, po[idx * hs + d], r.o[d], r, d, false,
                    "seq " + std::to_string(seq) + " head " + std::to_string(h) + " part " + std::to_string(p) +

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "decodegraph/attention.hpp"
+#include "decodegraph/numeric.hpp"
+#include "kernels/decode_math.hpp"
 #include "test_util.hpp"
 
 namespace dgtest {
@@ -275,6 +278,190 @@ inline int free_blocks_outside_window(Problem& p) {
     }
   }
   return freed;
+}
+
+/// Overwrites K (`key`) or V of token `pos` of sequence `seq` (every KV head, every d) with
+/// `value` (+-inf or NaN): fp8 caches store a code that decodes to it (E4M3 has no inf: its NaN
+/// code 0x7f, what the append stores for a NaN input). The sequence's blocks must be its own
+/// (ps.distinct_blocks).
+inline void set_cache_value(Problem& p, int seq, int pos, bool key, float value) {
+  const AttentionSpec& s = p.args.spec;
+  const int32_t block = p.tables[static_cast<std::size_t>(seq) * p.args.block_table_stride + pos / s.block_size];
+  const int x = decodegraph::math::vllm_x(static_cast<int>(s.kv_elem_size()));
+  void* base = (key ? p.k : p.v).data();
+  for (int h = 0; h < s.num_kv_heads; ++h)
+    for (int d = 0; d < s.head_size; ++d) {
+      const int64_t i = key ? decodegraph::math::k_offset(s.layout, block, h, pos % s.block_size, d, s.num_kv_heads,
+                                                          s.head_size, s.block_size, x)
+                            : decodegraph::math::v_offset(s.layout, block, h, pos % s.block_size, d, s.num_kv_heads,
+                                                          s.head_size, s.block_size);
+      if (!s.fp8_kv()) {
+        decodegraph::store_from_float(s.dtype, base, static_cast<std::size_t>(i), value);
+      } else {
+        const bool e4m3 = s.kv_dtype == decodegraph::KVCacheDType::kFp8E4M3;
+        const uint8_t code = std::isnan(value) || e4m3 ? 0x7f : value > 0 ? 0x7c : 0xfc;
+        static_cast<uint8_t*>(base)[i] = code;
+      }
+    }
+}
+
+/// A case of non-finite values at positions some rows read but must not attend (issue 39): q_len
+/// rows, a window, and the (position, K or V) entries overwritten with +-inf / NaN. For every query
+/// row the positions it attends follow from lens, q_len and the window; a row that attends none of
+/// them must come out bitwise as with the cache's finite values there, the others non-finite.
+struct MaskedRead {
+  const char* name;
+  int len, q_len, window;
+  struct At {
+    int pos;
+    bool key;
+  };
+  std::vector<At> at;
+  /// Whether query row j (of q_len) of the sequence attends position pos.
+  bool attends(int j, int pos) const {
+    const int q = len - q_len + j;
+    return pos <= q && (window <= 0 || pos > q - window);
+  }
+  bool row_attends_any(int j) const {
+    for (const At& a : at)
+      if (attends(j, a.pos)) return true;
+    return false;
+  }
+};
+/// The issue's two inputs and the lead skew of q_len rows under a window: (a) q_len 4, L 300, V at
+/// 299 (only row 3 attends it) and K at 298 (rows 2, 3); (b) W 20, L 300, V at 279 (the window's
+/// first block, before the window) and K at 275; (c) q_len 3, W 20, L 300: V at 278 (row 0 only),
+/// K at 279 (rows 0, 1) and V at 299 (row 2 only).
+inline std::vector<MaskedRead> masked_read_cases() {
+  return {{"q_len 4 drafts", 300, 4, 0, {{299, false}, {298, true}}},
+          {"window edge block", 300, 1, 20, {{279, false}, {275, true}}},
+          {"q_len 3 under a window", 300, 3, 20, {{278, false}, {279, true}, {299, false}}}};
+}
+
+/// The (dtype, cache dtype, GQA group) of the masked-read tests: each math (CUDA cores: fp32 and
+/// groups below 4 at one row per head; tensor cores: 16-bit groups of 4, q_len rows, fp8 caches)
+/// and each cache type.
+struct MaskedReadConfig {
+  DType dtype;
+  decodegraph::KVCacheDType kv;
+  int group;
+};
+inline std::vector<MaskedReadConfig> masked_read_configs() {
+  using decodegraph::KVCacheDType;
+  return {{DType::kFloat16, KVCacheDType::kAuto, 1},    {DType::kFloat16, KVCacheDType::kAuto, 4},
+          {DType::kBFloat16, KVCacheDType::kAuto, 1},   {DType::kBFloat16, KVCacheDType::kAuto, 4},
+          {DType::kFloat32, KVCacheDType::kAuto, 1},    {DType::kBFloat16, KVCacheDType::kFp8E4M3, 1},
+          {DType::kFloat16, KVCacheDType::kFp8E5M2, 4}};
+}
+/// The problem of case c under config cf (one sequence, distinct blocks; head size, block size 16
+/// or 32 and layout from `i`; block 8 would start the window's reads at 280 and read nothing
+/// masked in case (b)).
+inline ProblemSpec masked_read_problem(const MaskedRead& c, const MaskedReadConfig& cf, KVLayout layout, int i) {
+  ProblemSpec ps;
+  ps.spec.dtype = cf.dtype;
+  ps.spec.kv_dtype = cf.kv;
+  ps.spec.head_size = i % 2 ? 64 : 128;
+  ps.spec.block_size = i % 3 == 0 ? 32 : 16;
+  ps.spec.layout = layout;
+  ps.spec.num_q_heads = 2 * cf.group;
+  ps.spec.num_kv_heads = 2;
+  ps.spec.sliding_window = c.window;
+  ps.q_len = c.q_len;
+  ps.lens = {c.len};
+  ps.distinct_blocks = true;
+  ps.seed = 6100 + static_cast<uint64_t>(i);
+  return ps;
+}
+/// +inf, -inf and NaN in turn.
+inline float masked_read_value(int i) {
+  const float v[] = {INFINITY, -INFINITY, NAN};
+  return v[i % 3];
+}
+
+/// Rows of p.out (one sequence, q_len rows) compared with `clean` (the output bytes with finite values
+/// at the case's positions): rows that attend none of them bitwise equal, the others with every
+/// element non-finite.
+inline ::testing::AssertionResult check_masked_rows(const Problem& p, const MaskedRead& c,
+                                                    const std::vector<unsigned char>& clean) {
+  const AttentionSpec& s = p.args.spec;
+  const std::size_t elems = static_cast<std::size_t>(s.num_q_heads) * s.head_size;
+  const std::size_t row_bytes = elems * decodegraph::dtype_size(s.dtype);
+  const auto* out = static_cast<const unsigned char*>(p.out.data());
+  for (int j = 0; j < c.q_len; ++j) {
+    if (!c.row_attends_any(j)) {
+      if (std::memcmp(out + j * row_bytes, clean.data() + j * row_bytes, row_bytes) != 0)
+        return ::testing::AssertionFailure() << c.name << ": row " << j
+                                             << " attends none of the non-finite positions but changed";
+      continue;
+    }
+    for (std::size_t e = 0; e < elems; ++e) {
+      const float v = decodegraph::load_as_float(s.dtype, p.out.data(), j * elems + e);
+      if (std::isfinite(v))
+        return ::testing::AssertionFailure() << c.name << ": row " << j << " attends a non-finite value but element "
+                                             << e << " is " << v;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+/// A sink far above every logit (issue 39): logits near 0 (scale 1e-6) and sinks sigma of 80 to
+/// 1000 on every head, so sigma - M is sigma. Where V is large (v_mag: 1e30 for fp32 / bf16 caches,
+/// an fp8 v_scale of 1e30) the answer, ~ e^-sigma v_mag, is a normal float for sigma < 90: there a
+/// kernel that shifts by the logits' max alone, and overflows e^(sigma - M) (at sigma > 88.7, or
+/// 78.3 on the fp16 tensor-core path's 2^15-scaled weights), returns 0 instead. Above, the answer is
+/// below what fp32 weights resolve (e^-100 is a subnormal with 5 bits): finite and ~0 is the test.
+struct SinkAbove {
+  MaskedReadConfig cf;
+  float v_mag;  // 1: the problem's own values
+  std::vector<float> sigmas;
+};
+inline std::vector<SinkAbove> sink_above_cases() {
+  using decodegraph::KVCacheDType;
+  return {{{DType::kFloat32, KVCacheDType::kAuto, 1}, 1e30f, {89.5f, 100.0f, 1000.0f}},
+          {{DType::kBFloat16, KVCacheDType::kAuto, 1}, 1e30f, {89.5f, 100.0f, 1000.0f}},
+          {{DType::kBFloat16, KVCacheDType::kAuto, 4}, 1e30f, {89.5f, 100.0f, 1000.0f}},
+          {{DType::kFloat16, KVCacheDType::kAuto, 4}, 1.0f, {80.0f, 100.0f, 1000.0f}},
+          {{DType::kFloat16, KVCacheDType::kAuto, 1}, 1.0f, {100.0f, 1000.0f}},
+          {{DType::kBFloat16, KVCacheDType::kFp8E4M3, 4}, 1e30f, {80.0f, 89.5f, 100.0f, 1000.0f}},
+          {{DType::kFloat16, KVCacheDType::kFp8E5M2, 1}, 1.0f, {100.0f, 1000.0f}}};
+}
+/// The problem of a case (two sequences, 300 and 17 tokens; V2 at 64 spans five partitions), V made
+/// v_mag times larger (fp8: v_scale), sinks sigma on every head.
+inline std::unique_ptr<Problem> sink_above_problem(const SinkAbove& c, float sigma, KVLayout layout, int i) {
+  ProblemSpec ps;
+  ps.spec.dtype = c.cf.dtype;
+  ps.spec.kv_dtype = c.cf.kv;
+  ps.spec.head_size = 64;
+  ps.spec.block_size = 16;
+  ps.spec.layout = layout;
+  ps.spec.num_q_heads = 2 * c.cf.group;
+  ps.spec.num_kv_heads = 2;
+  ps.spec.scale = 1e-6f;
+  ps.lens = {300, 17};
+  ps.distinct_blocks = true;
+  ps.seed = 6300 + static_cast<uint64_t>(i);
+  auto p = make_problem(ps);
+  const AttentionSpec& s = p->args.spec;
+  if (s.fp8_kv()) {
+    for (float& v : p->v_scales) v *= c.v_mag;
+  } else if (c.v_mag != 1.0f) {
+    const std::size_t n = p->v.bytes / s.kv_elem_size();
+    for (std::size_t e = 0; e < n; ++e)
+      decodegraph::store_from_float(s.dtype, p->v.data(), e, decodegraph::load_as_float(s.dtype, p->v.data(), e) * c.v_mag);
+  }
+  p->set_sinks(std::vector<float>(static_cast<std::size_t>(s.num_q_heads), sigma));
+  return p;
+}
+/// The tolerance of a case. Where the answer is resolved (v_mag > 1, sigma < 90) it is relative to
+/// its scale, S = len e^-sigma v_mag (len tokens of weight ~e^-sigma each against the sink's 1, values
+/// up to v_mag): the dtype's atol times S, plus the fp32 weights' own rounding, which are subnormals
+/// here (e^(m - sigma) ~ 2^-129: 2^-149 steps, so each weight carries up to 2^-21 of itself, and the
+/// output up to 2^-21 S). Elsewhere the answer is ~0 and the dtype's own tolerance applies.
+inline Tolerance sink_above_tolerance(DType dtype, float sigma, float v_mag, int len) {
+  const Tolerance t = tolerance(dtype);
+  if (v_mag <= 1.0f || sigma >= 90.0f) return t;
+  const double S = len * std::exp(-static_cast<double>(sigma)) * v_mag;
+  return {(t.atol + std::ldexp(1.0, -21)) * S, t.rtol};
 }
 
 /// Runs host V2 with a workspace of exactly the queried size.

@@ -263,9 +263,15 @@ TEST(Variants, BadWindowCapAndSinksAreNamedAndNothingIsWritten) {
   s.sliding_window = -1;
   expect_error([&] { decodegraph::validate_spec(s); }, {"spec.sliding_window", "-1", "window_left = W - 1"});
   s.sliding_window = 0;
-  for (float bad : {-1.0f, NAN, INFINITY}) {
+  // Past 1e4 the cap's arithmetic costs more precision than fp16 holds, and past ~2.4e38 (c log2 e
+  // overflows) or below ~1e-38 (2 log2 e / c overflows) every logit would be NaN: issue 39.
+  for (float bad : {-1.0f, NAN, INFINITY, 1e-7f, 2e4f, 1e30f, 3e38f, 1e-39f}) {
     s.logit_softcap = bad;
-    expect_error([&] { decodegraph::validate_spec(s); }, {"spec.logit_softcap", "0 (off) or a finite value > 0"});
+    expect_error([&] { decodegraph::validate_spec(s); }, {"spec.logit_softcap", "0 (off) or c in [1e-6, 1e4]"});
+  }
+  for (float good : {0.0f, decodegraph::kMinLogitSoftcap, 30.0f, decodegraph::kMaxLogitSoftcap}) {
+    s.logit_softcap = good;
+    EXPECT_NO_THROW(decodegraph::validate_spec(s)) << good;
   }
 
   ProblemSpec ps;
@@ -312,6 +318,65 @@ TEST(Variants, V2WorkspaceCoversTheWindowOnly) {
   s.sliding_window = 128;
   EXPECT_EQ(decodegraph::v2_workspace_layout(s, 4, 131072, 64).max_partitions, 3);
   EXPECT_EQ(decodegraph::v2_workspace_layout(s, 4, 100, 64).max_partitions, 2);
+}
+
+// ---------------------------------------------------------------- reads a row does not attend (issue 39)
+
+// The host implementation models the kernels' edge tiles (a masked token never multiplies its V):
+// +-inf and NaN at the positions of dgtest::masked_read_cases leave every row that attends none of
+// them bitwise as with finite values there and make the others non-finite, in every math, cache
+// type and layout, V1 and V2 (tests/gpu/test_gpu_variants.cpp runs the same grid on the kernels).
+TEST(HostMaskedReads, NonFiniteValuesAtMaskedPositionsNeverReachARow) {
+  int i = 0;
+  for (const MaskedRead& c : masked_read_cases())
+    for (const MaskedReadConfig& cf : masked_read_configs())
+      for (KVLayout layout : {KVLayout::kVLLM, KVLayout::kNHD}) {
+        auto p = make_problem(masked_read_problem(c, cf, layout, i));
+        const float value = masked_read_value(i++);
+        p->run_reference();
+        SCOPED_TRACE(std::string(c.name) + ", value " + std::to_string(value) + ", case " + std::to_string(i - 1));
+        for (int P : {0, 64}) {
+          const auto run = [&] {
+            p->poison_out();
+            if (P == 0) decodegraph::host::paged_attention_v1(p->args);
+            else run_host_v2(p->args, P);
+          };
+          run();
+          ASSERT_TRUE(p->check(p->tol())) << (P ? "V2" : "V1") << " with finite values";
+          const auto* o = static_cast<const unsigned char*>(p->out.data());
+          const std::vector<unsigned char> clean(o, o + p->poisoned.bytes);
+          const Buffer k0 = p->k, v0 = p->v;
+          for (const auto& at : c.at) set_cache_value(*p, 0, at.pos, at.key, value);
+          run();
+          EXPECT_TRUE(check_masked_rows(*p, c, clean)) << (P ? "V2" : "V1");
+          p->k = k0;
+          p->v = v0;
+          p->args.k_cache = p->k.data();
+          p->args.v_cache = p->v.data();
+        }
+      }
+}
+
+// A sink sigma far above every logit (dgtest::sink_above_cases): V1 and V2 in every math shift by
+// max(sigma, M), so e^(sigma - M) never overflows and the output stays the reference's, to its own
+// size where that is a normal float (sigma 80 / 89.5 with V or v_scale at 1e30: 0 before the fix).
+TEST(HostSinks, FarAboveEveryLogit) {
+  int i = 0;
+  for (const SinkAbove& c : sink_above_cases())
+    for (float sigma : c.sigmas) {
+      auto p = sink_above_problem(c, sigma, i % 2 ? KVLayout::kNHD : KVLayout::kVLLM, i);
+      ++i;
+      p->run_reference();
+      const Tolerance t = sink_above_tolerance(p->args.spec.dtype, sigma, c.v_mag, 300);
+      SCOPED_TRACE("sigma " + std::to_string(sigma) + " group " + std::to_string(c.cf.group) + " " +
+                   decodegraph::to_string(p->args.spec.dtype) + (p->args.spec.fp8_kv() ? " fp8" : ""));
+      p->poison_out();
+      decodegraph::host::paged_attention_v1(p->args);
+      EXPECT_TRUE(p->check(t)) << "V1";
+      p->poison_out();
+      run_host_v2(p->args, 64);
+      EXPECT_TRUE(p->check(t)) << "V2";
+    }
 }
 
 }  // namespace

@@ -201,7 +201,7 @@ std::vector<uint8_t> device_merge(const Problem& pr, uint8_t fill, int launch_ma
     // A launch sized for longer rows: more groups per block over the same partials (the workspace
     // keeps its max_partitions; only the block follows launch_max_partitions, as in a graph sized for
     // a longer band than an eager call).
-    const dim3 grid(static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_seqs),
+    const dim3 grid(static_cast<unsigned>(p.num_q_heads * p.num_seqs), 1u,
                     static_cast<unsigned>(kernels::merge_slices(p.head_size)));
     const dim3 block(static_cast<unsigned>(kernels::merge_threads(launch_max_partitions)));
     switch (pr.dtype) {
@@ -362,6 +362,15 @@ TEST(SimMerge, BitwiseAcrossThreadOrdersAndLaunchSizes) {
 
 // The launcher's shape: one group per partition up to 32 (at least 4), 8 threads per group, one
 // block per 32 head elements.
+// More rows than a grid dimension y holds (issue 39): 65541 rows of one head, two partitions each
+// (the fold path). The merge's grid was (heads, rows, slices) and failed past 65535 rows (the
+// simulator refuses such a launch as the GPU does); it is (rows x heads, 1, slices).
+TEST(SimMerge, MoreThan65535RowsInOneLaunch) {
+  std::mt19937_64 rng(39);
+  check_problem(make_problem(DType::kBFloat16, 1, 32, 16, std::vector<int32_t>(65541, 20), Logits::kNormal, rng),
+                "65541 rows");
+}
+
 TEST(SimMerge, LaunchShape) {
   EXPECT_EQ(kernels::merge_groups(1), 4);
   EXPECT_EQ(kernels::merge_groups(4), 4);

@@ -43,6 +43,7 @@ enum class Logits {
   kSpan90,    // q uniform in [-40, 40]: logits spanning ~90 (natural units) at head 128
   kDominant,  // per KV head, one token whose key is 4 x the group's first query: ~15 above the rest
   kEqual,     // every token of a KV head has the same key: equal logits (plus ALiBi)
+  kBelowCap,  // GQA 1: keys -g q + noise, logits ~ -3 cap: the soft-cap's worst region (its r -> 1)
 };
 
 struct Case {
@@ -55,6 +56,7 @@ struct Case {
   bool alibi;
   Logits logits;
   KVCacheDType kv = KVCacheDType::kAuto;  // fp8: codes at k 1/128 (|K| < 1), v 1/256, per KV head
+  float cap = 0.0f;  // logit soft-cap (the approximate exp2 and reciprocal: the contract's C term)
 };
 
 std::unique_ptr<dgtest::Problem> build(const Case& c, uint64_t seed) {
@@ -67,6 +69,7 @@ std::unique_ptr<dgtest::Problem> build(const Case& c, uint64_t seed) {
   ps.spec.num_kv_heads = c.kv_heads;
   ps.spec.kv_dtype = c.kv;
   ps.spec.kv_scale_per_head = c.kv != KVCacheDType::kAuto;
+  ps.spec.logit_softcap = c.cap;
   ps.k_scale = 1.0f / 128;
   ps.v_scale = 1.0f / 256;
   ps.lens = c.lens;
@@ -101,6 +104,18 @@ std::unique_ptr<dgtest::Problem> build(const Case& c, uint64_t seed) {
         for (int d = 0; d < D; ++d)
           store_k(st.k(table[t / s.block_size], kvh, t % s.block_size, d), kvh,
                   (s.fp8_kv() ? 3.f : 4.f) * load_as_float(s.dtype, p->q.data(), q0 + d));
+      }
+      if (c.logits == Logits::kBelowCap) {
+        // k_t = -g q + u(-0.05, 0.05) per element, g such that scale q . (g q) = 3 cap.
+        const int64_t q0 = (static_cast<int64_t>(seq) * s.num_q_heads + kvh * group) * D;
+        double qq = 0;
+        for (int d = 0; d < D; ++d) qq += std::pow(load_as_float(s.dtype, p->q.data(), q0 + d), 2);
+        const double g = 3.0 * c.cap / (s.effective_scale() * qq);
+        std::uniform_real_distribution<float> noise(-0.05f, 0.05f);
+        for (int t = 0; t < len; ++t)
+          for (int d = 0; d < D; ++d)
+            store_k(st.k(table[t / s.block_size], kvh, t % s.block_size, d), kvh,
+                    static_cast<float>(-g * load_as_float(s.dtype, p->q.data(), q0 + d)) + noise(rng));
       }
       if (c.logits == Logits::kEqual)
         for (int t = 1; t < len; ++t)
@@ -170,6 +185,21 @@ const std::vector<Case>& cases() {
        false, Logits::kDominant, KVCacheDType::kFp8E4M3},
       {"fp8 E5M2, bf16 q, GQA 16, all-equal logits", DType::kBFloat16, 256, 32, KVLayout::kVLLM, 16, 1, {500, 3},
        false, Logits::kEqual, KVCacheDType::kFp8E5M2},
+      // Logit soft-caps (issue 39): logits spanning ~90 through caps of 30 and 50 (Gemma 2, Grok),
+      // which bend them where the cap's approximate exp2 and reciprocal err most; both maths.
+      {"fp32, GQA 1 (CUDA cores), soft-cap 50, logits spanning ~90", DType::kFloat32, 128, 16, KVLayout::kNHD, 2, 2,
+       {1300}, false, Logits::kSpan90, KVCacheDType::kAuto, 50.0f},
+      {"bf16, GQA 2 (CUDA cores), soft-cap 30, ALiBi", DType::kBFloat16, 128, 16, KVLayout::kVLLM, 4, 2, {1300}, true,
+       Logits::kSpan90, KVCacheDType::kAuto, 30.0f},
+      {"fp16, GQA 4, soft-cap 50, logits spanning ~90", DType::kFloat16, 128, 16, KVLayout::kVLLM, 8, 2, {1300}, false,
+       Logits::kSpan90, KVCacheDType::kAuto, 50.0f},
+      {"fp8 E4M3, bf16 q, GQA 4, soft-cap 50, logits spanning ~90", DType::kBFloat16, 128, 16, KVLayout::kNHD, 8, 2,
+       {1300}, false, Logits::kSpan90, KVCacheDType::kFp8E4M3, 50.0f},
+      // Every logit near -3 caps: where the cap's reciprocal errs most, relative to the weights.
+      {"fp32, GQA 1 (CUDA cores), soft-cap 30, logits near -90", DType::kFloat32, 128, 16, KVLayout::kVLLM, 2, 2,
+       {1300}, false, Logits::kBelowCap, KVCacheDType::kAuto, 30.0f},
+      {"bf16, GQA 1 (CUDA cores), soft-cap 50, logits near -150", DType::kBFloat16, 64, 16, KVLayout::kNHD, 1, 1,
+       {2000}, false, Logits::kBelowCap, KVCacheDType::kAuto, 50.0f},
   };
   return c;
 }

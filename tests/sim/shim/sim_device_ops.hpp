@@ -9,7 +9,7 @@
 // shared address to the bank-conflict model. ldmatrix and mma are warp-collective rendezvous with
 // the PTX fragment layouts (sim_runtime.cpp, "tensor cores"); each lane's ldmatrix row address is a
 // shared access for the bank-conflict model too (one 8x8 matrix = one 8-lane phase). ex2 models
-// ex2.approx.ftz.f32 at its documented 2-ulp worst. The fp8 -> fp16 conversions are exact, as the
+// ex2.approx.ftz.f32 at its documented 2-ulp worst, rcp rcp.approx.ftz.f32 at its 1-ulp worst. The fp8 -> fp16 conversions are exact, as the
 // hardware's cvt.rn.f16x2.{e4m3x2,e5m2x2} are (every fp8 value is an fp16 value); the two 8-byte
 // cp.async halves of one chunk are one copy of the chunk for the visibility model.
 #pragma once
@@ -76,6 +76,26 @@ inline float ex2(float x) {
   uint32_t b;
   std::memcpy(&b, &y, sizeof b);
   b = (h & 1u) ? b + 2 : b - 2;
+  float r;
+  std::memcpy(&r, &b, sizeof r);
+  return r;
+}
+
+// rcp.approx.ftz.f32 at its documented worst (PTX ISA 9.1, "rcp": at most 1 ulp of error, subnormal
+// inputs and results flushed to sign-preserving zero): the correctly rounded 1 / x moved by exactly
+// 1 ulp, up or down as a hash of x's bits says (0, inf and NaN results are exact).
+inline float rcp(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0) x = std::signbit(x) ? -0.0f : 0.0f;  // .ftz input
+  const float y = static_cast<float>(1.0 / static_cast<double>(x));
+  if (std::isnan(y) || std::isinf(y)) return y;
+  if (std::fabs(y) < 1.17549435e-38f) return std::signbit(y) ? -0.0f : 0.0f;  // .ftz result
+  uint32_t h = u * 0x85ebca6bu;
+  h ^= h >> 13;
+  uint32_t b;
+  std::memcpy(&b, &y, sizeof b);
+  b = (h & 1u) ? b + 1 : b - 1;
   float r;
   std::memcpy(&r, &b, sizeof r);
   return r;

@@ -737,6 +737,10 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
   if (block.y != 1 || block.z != 1 || smem != 0) fail("simulator handles 1-D blocks without dynamic smem");
   nthreads = static_cast<int>(block.x);
   if (nthreads <= 0 || nthreads > 1024) fail("bad block size");
+  // The hardware's grid limits (CUDA C Programming Guide, "Compute Capabilities"): a launch past
+  // them fails with cudaErrorInvalidConfiguration on the GPU.
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535u || grid.z > 65535u)
+    fail("grid dimensions past the hardware's limits (x <= 2^31 - 1, y and z <= 65535, none 0)");
   gridDim = grid;
   blockDim = block;
   body = &fn;
