@@ -68,8 +68,10 @@ decodegraph::AttentionSpec layer_spec_of(const ModelPreset& preset, const decode
 ///   + q read and out written                                 (num_seqs x q_len x q_heads x D each)
 ///   + V2 only: partials written by pass 1 and read by pass 2, per partition (max logit, exp sum and
 ///     head_size partial outputs, fp32), for each sequence's ceil(len/P) partitions and q_len rows.
-/// q_len > 1 (speculative decoding): K and V are read once for all of a sequence's rows, and a window
-/// reads W + q_len - 1 tokens (from row 0's window on). Rows with len 0 (padding) move nothing.
+/// q_len > 1 (speculative decoding): K and V count once for all of a sequence's rows, and a window
+/// reads W + q_len - 1 tokens (from row 0's window on). Rows with len 0 (padding) move nothing. A KV
+/// head's rows past 16 split into head chunks whose blocks each read K and V (mostly from L2): the
+/// planner's cost model counts those reads, this model of the work does not (docs/design.md).
 double attention_bytes(const decodegraph::AttentionSpec& spec, const int32_t* seq_lens, int num_seqs,
                        decodegraph::KernelKind kernel, int partition_size, int q_len = 1);
 /// The K and V part of attention_bytes alone: what the kernels read from the cache.

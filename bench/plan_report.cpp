@@ -45,7 +45,7 @@ dg::ExecutorConfig config(const dg::AttentionSpec& s) {
 // The plan b112b12's kAuto made for a bucket, and the model's numbers for it with that commit's merge.
 dg::BucketPlan before_plan(const dg::ExecutorConfig& c, const dg::BucketPlan& bucket) {
   dg::BucketPlan p = bucket;
-  const long long per = static_cast<long long>(p.batch) * c.spec.num_kv_heads * dg::kernels::pass1_head_chunks(c.spec);
+  const long long per = static_cast<long long>(p.batch) * c.spec.num_kv_heads * dg::kernels::pass1_head_chunks(c.spec, p.q_len);
   const long long slots = c.device_model.target_blocks();
   if (p.band_hi <= c.v2_threshold && per >= slots) {
     dg::detail::set_launch(p, c, dg::KernelKind::kV1, 0);

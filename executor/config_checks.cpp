@@ -68,7 +68,8 @@ namespace detail {
 ExecutorConfig resolve_planning(ExecutorConfig c) {
   validate_spec(c.spec);
   validate_layer_specs(c);
-  require(c.max_batch >= 1, "max_batch", c.max_batch, ">= 1");
+  require(c.max_batch >= 1 && c.max_batch <= kMaxSeqsPerLaunch, "max_batch", c.max_batch,
+          "1 .. " + std::to_string(kMaxSeqsPerLaunch) + " (the kernels' grid z)");
   require(c.max_seq_len >= 1, "max_seq_len", c.max_seq_len, ">= 1");
   require(c.v2_threshold >= 1, "v2_threshold", c.v2_threshold, ">= 1");
 
@@ -166,7 +167,8 @@ ExecutorConfig resolve_config(ExecutorConfig c, const std::function<DeviceModel(
     require(c.layers[l].k_cache != nullptr, p + ".k_cache", "null", "a KV cache pointer");
     require(c.layers[l].v_cache != nullptr, p + ".v_cache", "null", "a KV cache pointer");
   }
-  require(c.max_batch >= 1, "max_batch", c.max_batch, ">= 1");
+  require(c.max_batch >= 1 && c.max_batch <= kMaxSeqsPerLaunch, "max_batch", c.max_batch,
+          "1 .. " + std::to_string(kMaxSeqsPerLaunch) + " (the kernels' grid z)");
   require(c.max_seq_len >= 1, "max_seq_len", c.max_seq_len, ">= 1");
   require(c.num_blocks >= 1, "num_blocks", c.num_blocks, ">= 1");
   validate_layer_specs(c);  // before the caches are sized by each layer's spec: a bad spec is the cause

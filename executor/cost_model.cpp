@@ -16,6 +16,7 @@
 #include "decodegraph/attention.hpp"
 #include "kernels/decode_policy.hpp"
 #include "kernels/merge_policy.hpp"
+#include "executor/gqa_plan.hpp"
 #include "kernels/occupancy.hpp"
 
 namespace decodegraph::detail {
@@ -121,7 +122,7 @@ int merge_blocks_per_sm(int threads, const CostConstants& k) {
   kernels::KernelResources r;
   r.threads = threads;
   r.registers = k.merge_registers;
-  r.smem_bytes = 1088;  // ptxas -v: the tree's and the maxima's shared arrays
+  r.smem_bytes = k.merge_smem_bytes;  // the tree's and the maxima's shared arrays
   return std::max(1, kernels::blocks_per_sm(r));
 }
 
@@ -163,17 +164,20 @@ CostBreakdown predict_call(const ExecutorConfig& c, const BucketPlan& p, int len
   const double kv_esize = static_cast<double>(s.kv_elem_size());      // the cache (1 for fp8)
   const bool v2 = p.kernel == KernelKind::kV2;
   len = std::max(1, std::min(len, p.launch_len > 0 ? p.launch_len : len));  // the kernels clamp to it
-  const int chunks = kernels::pass1_head_chunks_for(s.group_size());
+  // q_len x group rows per KV head (kernels::pass1_rows), split into head chunks of at most 16: each
+  // chunk's blocks stream the KV head's K and V again (from L2 where they meet there).
+  const int chunks = kernels::pass1_head_chunks(s, p.q_len);
   const int group = s.num_q_heads / s.num_kv_heads;
-  const double heads_per_block = static_cast<double>((group + chunks - 1) / chunks);
+  const double rows_per_block = static_cast<double>(group) * p.q_len / chunks;  // real query rows
   const double kv_token = 2.0 * s.head_size * kv_esize;        // K + V of one KV head
   const double partial_row = (s.head_size + 2.0) * 4.0;        // one query row's fp32 partials, per head
-  // q_len rows per sequence (speculative decoding): a block serves q_len x its heads' query rows
-  // over the same K/V, so the KV bytes and the stream rate are those of one row; what grows with
-  // q_len is q, out and the partials (the packed rows' extra math is not modelled).
+  // q_len rows per sequence (speculative decoding): a block serves its chunk's query rows over the
+  // same K/V, so each block's KV bytes and stream rate are those of one row; what grows with q_len
+  // is q, out, the partials and, past 16 rows, the chunks (the packed rows' extra math is not
+  // modelled). The slots are those of the kernel the rows select (pass1_slots).
   const double q_rows = p.q_len;
   const long long rows = static_cast<long long>(p.batch) * s.num_kv_heads * chunks;
-  const long long slots = static_cast<long long>(c.device_model.target_blocks());
+  const long long slots = pass1_slots(c, p.q_len);
 
   CostBreakdown r;
   int n = 1;
@@ -181,7 +185,7 @@ CostBreakdown predict_call(const ExecutorConfig& c, const BucketPlan& p, int len
     const int P = p.partition_size;
     n = num_partitions(len, P);
     const int last = len - (n - 1) * P;
-    const double written = heads_per_block * q_rows * partial_row;
+    const double written = rows_per_block * partial_row;
     r.pass1_us = simulate_waves(rows, p.grid_x, n - 1, P * kv_token + written, 1, last * kv_token + written, slots, k);
     r.merge_us = merge_us(c, p, n, k);
     r.fixed_us = 2 * (k.kernel_floor_us + k.launch_gap_us);

@@ -46,9 +46,11 @@ struct CostConstants {
   double l2_bytes = 50.0 * 1024 * 1024;
   /// The merge block's barriers, tree and stores. Same measurement as l2_round_trip_us.
   double merge_tree_us = 0.15;
-  /// Registers per thread of MergePartitionsKernel (ptxas -v for sm_90, scripts/kernel_report.sh):
-  /// its residency follows from them.
-  int merge_registers = 76;
+  /// Registers per thread and static shared memory of MergePartitionsKernel (ptxas -v for sm_90,
+  /// bench/results/static/after-edges.json; Occupancy.ModelMatchesTheStaticReport checks them): its
+  /// residency follows from them.
+  int merge_registers = 80;
+  int merge_smem_bytes = 1088;
   /// The merge before issue 19 (one serial chain of partitions per (sequence, head), ~4 loads per
   /// round trip): only for before/after predictions (bench/plan_report.cpp), never for planning.
   bool serial_merge = false;

@@ -12,11 +12,19 @@
 #include "kernels/decode_math.hpp"
 #include "kernels/decode_policy.hpp"
 #include "kernels/merge_policy.hpp"
+#include "kernels/occupancy.hpp"
 
 namespace decodegraph::detail {
 
-long long blocks_per_partition(const AttentionSpec& spec, int batch) {
-  return static_cast<long long>(batch) * spec.num_kv_heads * kernels::pass1_head_chunks_for(spec.group_size());
+long long blocks_per_partition(const AttentionSpec& spec, int batch, int q_len) {
+  return static_cast<long long>(batch) * spec.num_kv_heads * kernels::pass1_head_chunks(spec, q_len);
+}
+
+long long pass1_slots(const ExecutorConfig& c, int q_len) {
+  const kernels::KernelResources one = kernels::pass1_resources(c.spec, 1), rows = kernels::pass1_resources(c.spec, q_len);
+  if (one.threads == rows.threads && one.registers == rows.registers && one.smem_bytes == rows.smem_bytes)
+    return c.device_model.target_blocks();
+  return static_cast<long long>(c.device_model.num_sms) * kernels::blocks_per_sm(rows);
 }
 
 namespace {
@@ -29,9 +37,9 @@ PlanPrediction prediction(const ExecutorConfig& c, const BucketPlan& p, int len)
 }  // namespace
 
 void set_launch(BucketPlan& p, const ExecutorConfig& c, KernelKind kernel, int partition_size) {
-  const long long per_part = blocks_per_partition(c.spec, p.batch);
+  const long long per_part = blocks_per_partition(c.spec, p.batch, p.q_len);
   p.kernel = kernel;
-  p.grid_y = c.spec.num_kv_heads * kernels::pass1_head_chunks_for(c.spec.group_size());
+  p.grid_y = c.spec.num_kv_heads * kernels::pass1_head_chunks(c.spec, p.q_len);
   p.grid_z = p.batch;
   if (kernel == KernelKind::kV1) {
     // NOTE(graph): V1 launches are sized for the largest V1 band edge, not their own band_hi, so a
@@ -52,15 +60,16 @@ void set_launch(BucketPlan& p, const ExecutorConfig& c, KernelKind kernel, int p
     p.max_partitions = num_partitions(
         math::window_read_max(p.band_hi, math::read_window(c.spec.sliding_window, p.q_len), c.spec.block_size),
         partition_size);
-    p.merge_grid_x = c.spec.num_q_heads;  // one merge block per (query head, query row, 32 elements)
-    p.merge_grid_y = p.batch * p.q_len;
+    // One merge block per (query row x query head, 32 elements): kernels/merge_partitions.cuh.
+    p.merge_grid_x = c.spec.num_q_heads * p.batch * p.q_len;
+    p.merge_grid_y = 1;
     p.merge_grid_z = kernels::merge_slices(c.spec.head_size);
     p.workspace_bytes = v2_workspace_size(c.spec, p.batch, p.band_hi, partition_size, p.q_len);
   }
   p.grid_x = p.max_partitions;
   const long long live_parts = kernel == KernelKind::kV1 ? 1 : num_partitions(p.design_len, partition_size);
   p.blocks = static_cast<int>(p.grid_x * per_part);
-  p.target_blocks = c.device_model.target_blocks();
+  p.target_blocks = static_cast<int>(pass1_slots(c, p.q_len));
   p.live_blocks_at_band_lo = static_cast<int>(live_parts * per_part);
   p.waves = static_cast<double>(p.blocks) / std::max(1, p.target_blocks);
   const std::array<int, 3> lens = band_lengths(c, p);

@@ -11,8 +11,14 @@
 namespace decodegraph::detail {
 
 /// Pass-1 blocks per partition index: one per (sequence, KV head, head chunk), as the launcher maps
-/// grid y (kernels::pass1_head_chunks).
-long long blocks_per_partition(const AttentionSpec& spec, int batch);
+/// grid y (kernels::pass1_head_chunks: the chunks of q_len x group rows).
+long long blocks_per_partition(const AttentionSpec& spec, int batch, int q_len = 1);
+
+/// Resident pass-1 blocks of the kernel a q_len launches: the device model's (num_sms x
+/// blocks_per_sm, which describes q_len 1's kernel) where q_len rows select the same kernel, else
+/// num_sms x the occupancy model's blocks per SM of the kernel that runs (kernels/occupancy.cpp:
+/// q_len 4 at GQA 2 runs on tensor cores, GQA 1 x q_len 8 with 8 warps).
+long long pass1_slots(const ExecutorConfig& resolved, int q_len);
 
 /// Sets the launch fields of `plan` (kernel, partitions, grids, workspace, launch_len and the block
 /// counts) for `kernel` at `partition_size` (V2), and the cost model's predictions of that launch at

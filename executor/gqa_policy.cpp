@@ -64,6 +64,7 @@ int balanced_partition_size(int design_len, int min_parts, int block_size) {
 // ---------------------------------------------------------------- the fill rule
 
 using detail::blocks_per_partition;
+using detail::pass1_slots;
 
 namespace {
 
@@ -71,7 +72,7 @@ namespace {
 /// longest balanced P that gives target_blocks blocks at the design length.
 int fill_v2_partition(const BucketPlan& p, const ExecutorConfig& c) {
   if (c.partition_size != 0) return c.partition_size;
-  const long long need = ceil_div(c.device_model.target_blocks(), blocks_per_partition(c.spec, p.batch));
+  const long long need = ceil_div(pass1_slots(c, p.q_len), blocks_per_partition(c.spec, p.batch, p.q_len));
   return balanced_partition_size(p.design_len, static_cast<int>(std::min<long long>(need, 1 << 30)),
                                  c.spec.block_size);
 }
@@ -98,8 +99,8 @@ std::vector<int> auto_v2_sizes(const BucketPlan& p, const ExecutorConfig& c) {
   const std::array<int, 3> lens = band_lengths(c, p);
   const long long hi = lens[2];
   const long long longest = round_up(hi, bs);  // one partition at the upper edge
-  const long long per = blocks_per_partition(c.spec, p.batch);
-  const long long slots = c.device_model.target_blocks();
+  const long long per = blocks_per_partition(c.spec, p.batch, p.q_len);
+  const long long slots = pass1_slots(c, p.q_len);
   const long long roof_blocks = static_cast<long long>(std::ceil(kCostConstants.read_gbs / kCostConstants.block_gbs));
   const long long max_blocks = kMaxAutoWaves * slots;
   std::set<long long> sizes;

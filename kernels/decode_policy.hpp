@@ -41,6 +41,19 @@ constexpr bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 /// memory limits a block to 6 per SM anyway, and 8 warps fit 3 per SM at 72 as at 80. 64 spills.
 inline constexpr int kPass1MaxRegisters = 80;
 
+/// Pass 1's static shared memory beside the policy's one array (paged_decode.cuh): the edge tiles'
+/// marks (kEdgeMarks bytes: kEdgeLeadMarks lead positions, then the tail's) and state
+/// (kEdgeStateInts), the loader's clamped-id record (kMaxSegments ints), and on the CUDA-core math
+/// the rows' query positions (kQposInts). ptxas packs them after the array, unpadded
+/// (bench/results/static/after-edges.json; Occupancy.ModelMatchesTheStaticReport checks every kernel).
+inline constexpr int kEdgeLeadMarks = 64;
+inline constexpr int kEdgeMarks = kEdgeLeadMarks + 96;
+inline constexpr int kEdgeStateInts = 6;
+inline constexpr int kQposInts = 32;
+constexpr int pass1_side_smem(int max_segments, bool cuda_core) {
+  return kEdgeMarks + 4 * (kEdgeStateInts + max_segments + (cuda_core ? kQposInts : 0));
+}
+
 /// Register cap of the tensor-core pass-1 kernel per (head size, layout): the lowest of 80, 96 and
 /// 128 at which ptxas (nvcc 13.0, sm_90) spills nothing for every head size of the layout (at 80
 /// the vLLM kernels spill 8-32 bytes at heads 64-192, some of them only as the code around them

@@ -224,12 +224,13 @@ void append_kv(const AppendArgs& args, Stream stream) {
 
 namespace kernels {
 
-int pass1_blocks_per_sm_on_device(const AttentionSpec& spec) {
+int pass1_blocks_per_sm_on_device(const AttentionSpec& spec, int q_len) {
   validate_spec(spec);
   int blocks = 0;
   dispatch_pass1(spec, [&](auto t, auto kv, auto d, auto layout) {
+    // The rows a KV head serves choose the kernel (launch_paged_decode), not the GQA group alone.
     blocks = paged_decode_blocks_per_sm<typename decltype(t)::type, typename decltype(kv)::type, decltype(d)::value,
-                                        decltype(layout)::value>(spec.group_size());
+                                        decltype(layout)::value>(pass1_rows(spec.group_size(), q_len));
   });
   return blocks;
 }

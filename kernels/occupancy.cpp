@@ -26,18 +26,19 @@ int blocks_per_sm(const KernelResources& r, const SmLimits& lim) {
 
 namespace {
 
-// Registers per thread of each pass-1 instantiation as nvcc 13.0 compiles it for sm_90 (ptxas -v;
-// the kernel is capped at kPass1MaxRegisters = 80 with __maxnreg__, none spills). Re-read them
-// whenever the kernel changes: scripts/kernel_report.sh prints them. Shared memory needs no table:
-// it is all static, one array, and equals the policy's kSmemBytes (checked against ptxas the same way).
+// Registers per thread of each pass-1 instantiation as nvcc 13.0 compiles it for sm_90 (ptxas -v,
+// read off bench/results/static/after-edges.json; the kernel is capped at kPass1MaxRegisters = 80
+// with __maxnreg__, none spills). Re-read them whenever the kernel changes: scripts/kernel_report.sh
+// prints them, and Occupancy.ModelMatchesTheStaticReport fails until these tables match the report
+// it reads. Shared memory needs no table: it is all static (pass1_smem).
 struct RegRow {
   int d;
   int fp16_vllm, fp16_nhd, bf16_vllm, bf16_nhd, fp32_vllm, fp32_nhd;
 };
 constexpr RegRow kPass1Registers[] = {
-    {64, 80, 80, 80, 80, 80, 79},   {80, 80, 70, 80, 70, 80, 79},   {96, 80, 70, 80, 70, 80, 79},
-    {112, 80, 68, 80, 68, 80, 77},  {128, 80, 80, 80, 80, 79, 80},  {192, 80, 70, 80, 70, 80, 80},
-    {256, 80, 80, 80, 80, 80, 80},
+    {64, 80, 79, 80, 72, 79, 80},   {80, 80, 70, 80, 70, 79, 77},   {96, 80, 70, 80, 70, 79, 77},
+    {112, 80, 72, 80, 72, 79, 79},  {128, 80, 80, 80, 72, 77, 80},  {192, 80, 67, 80, 67, 80, 80},
+    {256, 80, 79, 80, 72, 80, 80},
 };
 
 // The tensor-core kernel (fp16 / bf16, groups >= 4; tensor_core_math.cuh), likewise from ptxas -v.
@@ -48,22 +49,26 @@ struct TcRegRow {
   int vllm, nhd;
 };
 constexpr TcRegRow kPass1TcRegisters[] = {
-    {64, 88, 79}, {80, 87, 79}, {96, 86, 80}, {112, 95, 80}, {128, 95, 80}, {192, 96, 80}, {256, 115, 112},
+    {64, 95, 80}, {80, 96, 80}, {96, 86, 80}, {112, 96, 80}, {128, 94, 80}, {192, 96, 88}, {256, 121, 118},
 };
 
 // The tensor-core kernel of fp8 caches (every group; inst/decode_fp8*.cu), likewise: E4M3 and E5M2
 // compile to the same counts. Caps: tc_pass1_max_registers(d, layout, true).
 constexpr TcRegRow kPass1Fp8Registers[] = {
-    {64, 90, 84}, {80, 94, 86}, {96, 94, 92}, {112, 96, 90}, {128, 92, 93}, {192, 126, 126}, {256, 150, 140},
+    {64, 84, 81}, {80, 96, 94}, {96, 94, 92}, {112, 102, 92}, {128, 95, 92}, {192, 128, 122}, {256, 160, 140},
 };
 
-// Static shared memory of the pass-1 kernel a spec selects: the policy's, one array (ptxas agrees).
-// elem_bytes: the cache's element size.
+// Static shared memory of the pass-1 kernel a spec selects: the policy's array and the side tables
+// (pass1_side_smem). elem_bytes: the cache's element size.
 int pass1_smem(int elem_bytes, bool tensor_cores, int d) {
   const int bytes = with_head_size(d, [&](auto D) {
     constexpr int kD = decltype(D)::value;
-    if (tensor_cores) return elem_bytes == 1 ? TcPass1Policy<1, kD>::kSmemBytes : TcPass1Policy<2, kD>::kSmemBytes;
-    return elem_bytes == 4 ? Pass1Policy<4, kD>::kSmemBytes : Pass1Policy<2, kD>::kSmemBytes;
+    auto total = [](auto policy, bool cuda_core) {
+      using P = decltype(policy);
+      return P::kSmemBytes + pass1_side_smem(P::kMaxSegments, cuda_core);
+    };
+    if (tensor_cores) return elem_bytes == 1 ? total(TcPass1Policy<1, kD>{}, false) : total(TcPass1Policy<2, kD>{}, false);
+    return elem_bytes == 4 ? total(Pass1Policy<4, kD>{}, true) : total(Pass1Policy<2, kD>{}, true);
   }, -1);
   if (bytes < 0) throw_invalid("head_size", d, "64, 80, 96, 112, 128, 192, 256");
   return bytes;
@@ -72,21 +77,22 @@ int pass1_smem(int elem_bytes, bool tensor_cores, int d) {
 }  // namespace
 
 // As launch_paged_decode splits the group (decode_policy.hpp), so the planner counts grid y as the launch does.
-int pass1_head_chunks(const AttentionSpec& spec) {
+int pass1_head_chunks(const AttentionSpec& spec, int q_len) {
   validate_spec(spec);
-  return pass1_head_chunks_for(spec.group_size());
+  return pass1_head_chunks_for(pass1_rows(spec.group_size(), q_len));
 }
 
 // The pass-1 kernel (kernels/paged_decode.cuh, policy in decode_policy.hpp) of the math the
 // launcher selects (pass1_uses_tensor_cores): CUDA-core, one warp per query head of a block's head
 // chunk and at least four warps; tensor-core, four warps. Static shared memory only.
-KernelResources pass1_resources(const AttentionSpec& spec) {
+KernelResources pass1_resources(const AttentionSpec& spec, int q_len) {
   validate_spec(spec);
   const bool nhd = spec.layout == KVLayout::kNHD;
   const int elem = static_cast<int>(spec.kv_elem_size());
+  const int rows = pass1_rows(spec.group_size(), q_len);  // what launch_paged_decode selects by
   KernelResources r;
-  r.threads = pass1_threads_for(elem, spec.group_size());
-  if (pass1_uses_tensor_cores(elem, spec.group_size())) {
+  r.threads = pass1_threads_for(elem, rows);
+  if (pass1_uses_tensor_cores(elem, rows)) {
     const TcRegRow* table = elem == 1 ? std::begin(kPass1Fp8Registers) : std::begin(kPass1TcRegisters);
     const TcRegRow* row = std::find_if(table, table + std::size(kPass1TcRegisters),
                                        [&](const TcRegRow& t) { return t.d == spec.head_size; });

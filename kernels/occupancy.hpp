@@ -32,15 +32,19 @@ int blocks_per_sm(const KernelResources& r, const SmLimits& limits = {});
 /// block size follows the GQA group), as nvcc 13.0 compiles it for sm_90: registers read off
 /// `-Xptxas -v` (re-read them whenever the kernel changes: scripts/kernel_report.sh prints them),
 /// static shared memory from the policy (decode_policy.hpp), no dynamic shared memory.
-KernelResources pass1_resources(const AttentionSpec& spec);
+/// q_len query rows per sequence: a KV head serves pass1_rows(group, q_len) rows, which select the
+/// math and the block size (launch_paged_decode), so q_len 4 at GQA 2 runs on tensor cores.
+KernelResources pass1_resources(const AttentionSpec& spec, int q_len = 1);
 
-/// Head chunks of the pass-1 launch: a block serves at most 16 query heads of a GQA group, larger
-/// groups split into balanced chunks (decode_policy.hpp), so grid y = num_kv_heads x this.
-int pass1_head_chunks(const AttentionSpec& spec);
+/// Head chunks of the pass-1 launch: a block serves at most 16 query rows of a KV head, more split
+/// into balanced chunks (decode_policy.hpp), so grid y = num_kv_heads x this. With q_len rows (GQA 8
+/// x q_len 4 is 32 rows: 2 chunks) each chunk's blocks read the KV head's K and V again.
+int pass1_head_chunks(const AttentionSpec& spec, int q_len = 1);
 
 /// CUDA: cudaOccupancyMaxActiveBlocksPerMultiprocessor for the exact kernel, block size and dynamic
-/// shared memory (none) the launcher uses for `spec`, on the current device. Not capture-sensitive
-/// (no launch), but call it outside any capture anyway. Throws Error when built without CUDA.
-int pass1_blocks_per_sm_on_device(const AttentionSpec& spec);
+/// shared memory (none) the launcher uses for `spec` at q_len rows, on the current device. Not
+/// capture-sensitive (no launch), but call it outside any capture anyway. Throws Error when built
+/// without CUDA.
+int pass1_blocks_per_sm_on_device(const AttentionSpec& spec, int q_len = 1);
 
 }  // namespace decodegraph::kernels

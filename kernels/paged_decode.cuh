@@ -289,7 +289,7 @@ struct CudaCoreMath {
   /// per tile from shared memory (the driver's barrier precedes every consume), so that the kernels
   /// at their register cap keep no register for them.
   __device__ __forceinline__ static int* qpos_table() {
-    __shared__ int table[32];
+    __shared__ int table[kQposInts];
     return table;
   }
   int j;  // lane within the row
@@ -566,15 +566,13 @@ __device__ __forceinline__ EdgeBounds edge_bounds(const DecodeParams& p, int len
 /// the next barrier), [1] the sequence's clamped length, [2] lead_end, [3] tail_start, [4] the
 /// first position of the tail's tiles, [5] the block's first position (`start`).
 __device__ __forceinline__ int* edge_state() {
-  __shared__ int state[6];
+  __shared__ int state[kEdgeStateInts];
   return state;
 }
 /// Positions whose V held a non-finite value: [pos - start] before lead_end (fewer than 64: start
 /// is the tile of row 0's window start, at most NTOK - 1 + 15 before lead_end), [kEdgeLeadMarks +
 /// pos - the tail's first position] in the tail's S - 1 tiles (at most 96 positions). Every writer
-/// stores 1, so concurrent writers need no atomics.
-inline constexpr int kEdgeLeadMarks = 64;
-inline constexpr int kEdgeMarks = kEdgeLeadMarks + 96;
+/// stores 1, so concurrent writers need no atomics. Sizes: decode_policy.hpp.
 __device__ __forceinline__ unsigned char* edge_marks() {
   __shared__ unsigned char marks[kEdgeMarks];
   return marks;

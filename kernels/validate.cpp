@@ -83,7 +83,7 @@ void validate_decode_args(const DecodeArgs& a) {
   const AttentionSpec& s = a.spec;
   // Pass 1's grid z is the sequences (at most 65535 blocks): checked here, before anything launches.
   require(a.num_seqs > 0 && a.num_seqs <= kMaxSeqsPerLaunch, "num_seqs", a.num_seqs,
-          "1 .. " + std::to_string(kMaxSeqsPerLaunch) + " per launch (the kernels' grid z)");
+          "a positive integer up to " + std::to_string(kMaxSeqsPerLaunch) + " per launch (the kernels' grid z)");
   require(a.q_len >= 1 && a.q_len <= kMaxQLen, "q_len", a.q_len, "1 .. kMaxQLen = 1 .. " + std::to_string(kMaxQLen));
   require(a.max_seq_len > 0, "max_seq_len", a.max_seq_len, "a positive integer");
   require(a.num_blocks > 0, "num_blocks", a.num_blocks, "a positive integer");

@@ -173,7 +173,7 @@ struct BucketPlan {
   int partition_size = 0;  // V2 only
   int max_partitions = 0;  // V2 only
   int grid_x = 0, grid_y = 0, grid_z = 0;     // attention (V1 or V2 pass 1) grid
-  int merge_grid_x = 0, merge_grid_y = 0;     // V2 pass 2 grid: query heads, batch,
+  int merge_grid_x = 0, merge_grid_y = 0;     // V2 pass 2 grid: query rows x query heads, 1,
   int merge_grid_z = 0;                       // and slices of 32 head elements
   std::size_t workspace_bytes = 0;            // V2 partials
   /// Longest length the launches are sized for (their max_seq_len): band_hi for V2; for V1 the

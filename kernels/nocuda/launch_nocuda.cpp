@@ -22,7 +22,7 @@ void append_kv(const AppendArgs&, Stream) {
 bool cuda_device_available() { return false; }
 
 namespace kernels {
-int pass1_blocks_per_sm_on_device(const AttentionSpec&) {
+int pass1_blocks_per_sm_on_device(const AttentionSpec&, int) {
   throw Error("pass1_blocks_per_sm_on_device: decodegraph was built without CUDA; use pass1_resources");
 }
 }  // namespace kernels

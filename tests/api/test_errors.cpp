@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "decodegraph/attention.hpp"
 #include "decodegraph/error.hpp"
 #include "decodegraph/fault.hpp"
 #include "rel_util.hpp"
@@ -150,13 +151,14 @@ TEST(ErrorKinds, HostAllocationFailureIsOutOfMemory) {
   GTEST_SKIP() << "AddressSanitizer aborts on an allocation above its 1 TiB limit instead of returning "
                   "null; the ordinary build runs this test";
 #endif
-  // A block table of 2^20 rows x 2^25 blocks x 4 bytes = 128 TiB: past any machine's memory and
-  // the 47-bit user address space, so the host backend's aligned_alloc returns null.
+  // A block table of 65535 rows (the most a launch takes) x 2^30 blocks x 4 bytes ~ 256 TiB: past
+  // any machine's memory and the 47-bit user address space, so the host backend's aligned_alloc
+  // returns null.
   Rig rig(DType::kFloat32, KVLayout::kNHD, 1, 1);
-  rig.cfg.max_batch = 1 << 20;
-  rig.cfg.batch_buckets = {1 << 20};
+  rig.cfg.max_batch = kMaxSeqsPerLaunch;
+  rig.cfg.batch_buckets = {kMaxSeqsPerLaunch};
   rig.cfg.max_seq_len = 1 << 29;
-  rig.cfg.max_blocks_per_seq = 0;
+  rig.cfg.max_blocks_per_seq = 1 << 30;
   rig.cfg.v2_threshold = 8192;
   rig.cfg.band_edges = {8192, 1 << 29};
   const Caught c = catch_kind([&] { Executor ex(rig.cfg); });

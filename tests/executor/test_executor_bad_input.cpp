@@ -201,6 +201,11 @@ TEST_F(BadConfig, SizesAndPartition) {
   ExecutorConfig c = good();
   c.max_batch = 0;
   reject(c, {"max_batch = 0"});
+  // Past the kernels' grid z a step's launches would fail at capture (issue 39): named up front.
+  c = good();
+  c.max_batch = 70000;
+  c.batch_buckets.clear();
+  reject(c, {"max_batch = 70000", "1 .. 65535"});
   c = good();
   c.max_seq_len = 0;
   reject(c, {"max_seq_len = 0"});

@@ -15,6 +15,7 @@
 #include "executor/cost_model.hpp"
 #include "executor/gqa_plan.hpp"
 #include "executor/plan.hpp"
+#include "kernels/occupancy.hpp"
 
 namespace {
 using namespace decodegraph;
@@ -337,7 +338,7 @@ TEST(QLenPlans, PlansArePerQLenAndQLenOnesAreUnchanged) {
     if (p.kernel != KernelKind::kV2) continue;
     ++v2;
     EXPECT_EQ(p.workspace_bytes, v2_workspace_size(spec, p.batch, p.band_hi, p.partition_size, 4));
-    EXPECT_EQ(p.merge_grid_y, p.batch * 4);
+    EXPECT_EQ(p.merge_grid_x, p.batch * 4 * spec.num_q_heads);  // rows x heads (kernels/merge_partitions.cuh)
   }
   EXPECT_GT(v2, 0);
 }
@@ -366,6 +367,60 @@ TEST(QLenPlans, TheCostModelCountsTheKvOnceAndQAndOutPerRow) {
     EXPECT_NEAR(y.bytes - x.bytes, extra, 1e-6 * x.bytes) << to_string(k);
     EXPECT_GE(y.us, x.us) << to_string(k);
   }
+}
+
+// GQA 8 x q_len 4 is 32 rows a KV head: two head chunks, each streaming the KV again (issue 39,
+// item 5). The plans count those blocks, their grid y is the launch's, and the cost model's pass
+// 1 pays for them; the planner's q_len 1 counts (one chunk) under-counted them.
+TEST(QLenPlans, RowsPast16SplitIntoHeadChunksThePlansCount) {
+  ExecutorConfig c = detail::resolve_planning(plan_config({1, 4}));
+  c.device_model = host_device_model(c.spec);
+  ASSERT_EQ(c.spec.num_q_heads / c.spec.num_kv_heads, 4);
+  c.spec.num_q_heads = 64;  // GQA 8
+  c.device_model = host_device_model(c.spec);
+  EXPECT_EQ(kernels::pass1_head_chunks(c.spec, 1), 1);
+  EXPECT_EQ(kernels::pass1_head_chunks(c.spec, 4), 2);
+  BucketPlan p;
+  p.batch = 2;
+  p.band_lo = 8192;
+  p.band_hi = 32768;
+  p.design_len = 16384;
+  BucketPlan one = p, four = p;
+  four.q_len = 4;
+  detail::set_launch(one, c, KernelKind::kV2, 1024);
+  detail::set_launch(four, c, KernelKind::kV2, 1024);
+  EXPECT_EQ(one.grid_y, 8);
+  EXPECT_EQ(four.grid_y, 16);  // what launch_paged_decode's grid y is
+  EXPECT_EQ(four.blocks, 2 * one.blocks);
+  // Twice the blocks streaming the same bytes per block: pass 1 at 32K takes about twice as long.
+  const detail::CostBreakdown x = detail::predict_call(c, one, 32768), y = detail::predict_call(c, four, 32768);
+  EXPECT_GT(y.pass1_us, 1.5 * x.pass1_us);
+}
+
+// fp16 GQA 2 runs on the CUDA cores at q_len 1 (2 rows) and on tensor cores at q_len 4 (8 rows):
+// its plans count the resident blocks of the kernel that runs, not q_len 1's (issue 39, item 5).
+TEST(QLenPlans, TheSlotsAreThoseOfTheKernelTheRowsSelect) {
+  ExecutorConfig c = detail::resolve_planning(plan_config({1, 4}));
+  c.spec.dtype = DType::kFloat16;
+  c.spec.layout = KVLayout::kVLLM;  // its tensor-core kernel fits 5 blocks an SM, the CUDA-core one 6
+  c.spec.num_q_heads = 16;  // GQA 2
+  c.device_model = host_device_model(c.spec);
+  const kernels::KernelResources cuda_cores = kernels::pass1_resources(c.spec, 1);
+  const kernels::KernelResources tensor_cores = kernels::pass1_resources(c.spec, 4);
+  EXPECT_EQ(cuda_cores.threads, 128);
+  EXPECT_EQ(tensor_cores.threads, 128);
+  ASSERT_NE(kernels::blocks_per_sm(cuda_cores), kernels::blocks_per_sm(tensor_cores))
+      << "the test needs the two kernels to differ in occupancy";
+  EXPECT_EQ(detail::pass1_slots(c, 1), c.device_model.target_blocks());
+  EXPECT_EQ(detail::pass1_slots(c, 4), 132LL * kernels::blocks_per_sm(tensor_cores));
+  BucketPlan p;
+  p.batch = 1;
+  p.band_lo = 8192;
+  p.band_hi = 32768;
+  p.design_len = 16384;
+  p.q_len = 4;
+  detail::set_launch(p, c, KernelKind::kV2, 1024);
+  EXPECT_EQ(p.target_blocks, 132 * kernels::blocks_per_sm(tensor_cores));
 }
 
 }  // namespace

@@ -668,8 +668,8 @@ TEST(Plan, TableShowsThePredictionsAndWhy) {
             "threshold rule: V2 above the threshold, P fills 660 slots at 8192 tokens");
   // The merge grid has a slice per 32 head elements: head 128 -> 4.
   const BucketPlan& v2 = find_plan(thr, 64, 16384);
-  EXPECT_EQ(std::make_tuple(v2.merge_grid_x, v2.merge_grid_y, v2.merge_grid_z), std::make_tuple(32, 64, 4));
-  EXPECT_NE(format_plan_table({v2}).find("32,64,4"), std::string::npos);
+  EXPECT_EQ(std::make_tuple(v2.merge_grid_x, v2.merge_grid_y, v2.merge_grid_z), std::make_tuple(32 * 64, 1, 4));
+  EXPECT_NE(format_plan_table({v2}).find("2048,1,4"), std::string::npos);
 }
 
 // ---------------------------------------------------------------- plan lookup: index or size

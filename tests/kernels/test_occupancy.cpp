@@ -2,7 +2,16 @@
 // (65,536 registers, 228 KiB shared memory, 2,048 threads, 32 blocks per SM; 1 KiB reserved per block).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "decodegraph/error.hpp"
+#include "decodegraph/types.hpp"
+#include "executor/cost_model.hpp"
+#include "kernels/decode_policy.hpp"
 #include "kernels/occupancy.hpp"
 
 namespace dg = decodegraph;
@@ -53,10 +62,11 @@ TEST(Occupancy, Pass1ModelCoversEverySpec) {
 
 TEST(Occupancy, Pass1ModelWorkedExamples) {
   // fp32, head 128, GQA 4 (32q/8kv), vLLM layout: the CUDA-core math, four warps (one per query
-  // head), 79 registers, 4 x 8 KB stages (8-token tiles) + a 16-byte block-id table = 32,784 bytes
-  // of shared memory. Registers: 79 x 32 = 2,528 per warp, allocated in 256s: 2,560 -> 25 warps ->
-  // 6 blocks; shared memory:
-  // 32,784 + 1,024 -> 33,920 (unit 128) -> 233,472 / 33,920 = 6 blocks; threads: 16 blocks. So 6.
+  // head), 77 registers, 4 x 8 KB stages (8-token tiles) + a 16-byte block-id table = 32,784 bytes,
+  // plus the side tables: edge marks 160, edge state 24, the clamped-id record 4 (one segment a
+  // tile), query positions 128 = 33,100 bytes of shared memory. Registers: 77 x 32 = 2,464 per
+  // warp, allocated in 256s: 2,560 -> 25 warps -> 6 blocks; shared memory: 33,100 + 1,024 -> 34,176
+  // (unit 128) -> 233,472 / 34,176 = 6 blocks; threads: 16 blocks. So 6.
   dg::AttentionSpec s;
   s.num_q_heads = 32;
   s.num_kv_heads = 8;
@@ -64,29 +74,30 @@ TEST(Occupancy, Pass1ModelWorkedExamples) {
   s.dtype = dg::DType::kFloat32;
   KernelResources r = dg::kernels::pass1_resources(s);
   EXPECT_EQ(r.threads, 128);
-  EXPECT_EQ(r.registers, 79);
-  EXPECT_EQ(r.smem_bytes, 32784);
+  EXPECT_EQ(r.registers, 77);
+  EXPECT_EQ(r.smem_bytes, 33100);
   EXPECT_EQ(blocks_per_sm(r), 6);
   // GQA 8 (llama-70B-like 64q/8kv): eight warps -> 25 / 8 = 3 blocks by registers.
   s.num_q_heads = 64;
   EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 256);
   EXPECT_EQ(blocks_per_sm(dg::kernels::pass1_resources(s)), 3);
   // bf16 MHA (group 1) stays on the CUDA-core math with four warps (the loader's 128 threads);
-  // 16-token tiles, a 32-byte block-id table.
+  // 16-token tiles, a 32-byte block-id table (32,800 bytes), a record of two segments: 33,120.
   s.dtype = dg::DType::kBFloat16;
   s.num_q_heads = 8;
   EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 128);
-  EXPECT_EQ(dg::kernels::pass1_resources(s).smem_bytes, 32800);
+  EXPECT_EQ(dg::kernels::pass1_resources(s).smem_bytes, 33120);
   // bf16 GQA 4 runs on tensor cores (decode_policy.hpp, pass1_uses_tensor_cores): four warps, the
   // same stages plus the exchange (2,048 bytes of partial scores, 1,024 of hi / lo weights, 64 of
-  // rescale factors) = 35,936 bytes; 95 registers (vLLM layout) -> 3,040 per warp, allocated in
-  // 256s: 3,072 -> 21 warps -> 5 blocks; shared memory 36,960 -> 6. So 5. NHD: 80 registers ->
+  // rescale factors) = 35,936 bytes, and the side tables without query positions (192) = 36,128;
+  // 94 registers (vLLM layout) -> 3,008 per warp, allocated in 256s: 3,072 -> 21 warps -> 5 blocks;
+  // shared memory 37,152 -> 37,248 -> 6. So 5. NHD: 80 registers ->
   // 2,560 per warp -> 25 warps -> 6 blocks.
   s.num_q_heads = 32;
   r = dg::kernels::pass1_resources(s);
   EXPECT_EQ(r.threads, 128);
-  EXPECT_EQ(r.registers, 95);
-  EXPECT_EQ(r.smem_bytes, 35936);
+  EXPECT_EQ(r.registers, 94);
+  EXPECT_EQ(r.smem_bytes, 36128);
   EXPECT_EQ(blocks_per_sm(r), 5);
   s.layout = dg::KVLayout::kNHD;
   EXPECT_EQ(blocks_per_sm(dg::kernels::pass1_resources(s)), 6);
@@ -101,4 +112,83 @@ TEST(Occupancy, Pass1ModelWorkedExamples) {
   // fp32 keeps one warp per head: a group of 24 splits into two chunks of 12 heads = 12 warps.
   s.dtype = dg::DType::kFloat32;
   EXPECT_EQ(dg::kernels::pass1_resources(s).threads, 384);
+}
+
+// The model against what ptxas produced: every pass-1 row of the committed static report
+// (scripts/kernel_report.sh: each instantiation at GQA 1, 4, 8 and q_len 1, 4), where the launcher
+// selects that row's math, must have the model's registers, shared memory and blocks per SM. A
+// kernel change makes a new report; this fails until the register tables (occupancy.cpp) follow.
+namespace {
+
+struct ReportRow {
+  std::string kernel;
+  int group = 0, q_len = 0, registers = 0, smem = 0, blocks = 0;
+};
+
+int int_field(const std::string& obj, const std::string& key) {
+  const std::size_t at = obj.find("\"" + key + "\": ");
+  if (at == std::string::npos) return -1;
+  return std::atoi(obj.c_str() + at + key.size() + 4);
+}
+
+std::vector<ReportRow> rows_of(const std::string& path, const std::string& kernel) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  std::vector<ReportRow> rows;
+  const std::string key = "\"kernel\": \"" + kernel + "<";
+  for (std::size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
+    const std::size_t end = text.find('}', at);
+    const std::string obj = text.substr(at, end - at);
+    ReportRow r;
+    r.kernel = obj.substr(key.size() - 1, obj.find('"', key.size()) - key.size() + 1);
+    r.group = int_field(obj, "group");
+    r.q_len = int_field(obj, "q_len");
+    r.registers = int_field(obj, "registers");
+    r.smem = int_field(obj, "smem_static");
+    r.blocks = int_field(obj, "blocks_per_sm");
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST(Occupancy, ModelMatchesTheStaticReport) {
+  const std::vector<ReportRow> rows = rows_of(DG_STATIC_REPORT, "PagedDecodeKernel");
+  ASSERT_GE(rows.size(), 300u) << DG_STATIC_REPORT;
+  int checked = 0;
+  for (const ReportRow& r : rows) {
+    // "<bf16, fp8e4m3, 128, (KVLayout)1, TensorCoreMath>": q dtype, cache, head, layout, math.
+    std::vector<std::string> f;
+    std::stringstream parts(r.kernel.substr(1, r.kernel.size() - 2));
+    for (std::string p; std::getline(parts, p, ',');) f.push_back(p.substr(p.find_first_not_of(' ')));
+    ASSERT_EQ(f.size(), 5u) << r.kernel;
+    dg::AttentionSpec s;
+    s.dtype = dg::parse_dtype(f[0]);
+    s.kv_dtype = f[1] == "fp8e4m3" ? dg::KVCacheDType::kFp8E4M3
+                 : f[1] == "fp8e5m2" ? dg::KVCacheDType::kFp8E5M2 : dg::KVCacheDType::kAuto;
+    s.head_size = std::atoi(f[2].c_str());
+    s.layout = f[3] == "(KVLayout)1" ? dg::KVLayout::kNHD : dg::KVLayout::kVLLM;
+    s.num_kv_heads = 2;
+    s.num_q_heads = 2 * r.group;
+    const int elem = static_cast<int>(s.kv_elem_size());
+    const bool tc = dg::kernels::pass1_uses_tensor_cores(elem, dg::kernels::pass1_rows(r.group, r.q_len));
+    if (tc != (f[4] == "TensorCoreMath")) continue;  // the report compiles both maths; launches pick one
+    SCOPED_TRACE(r.kernel + " GQA " + std::to_string(r.group) + " q_len " + std::to_string(r.q_len));
+    const KernelResources m = dg::kernels::pass1_resources(s, r.q_len);
+    EXPECT_EQ(m.registers, r.registers);
+    EXPECT_EQ(m.smem_bytes, r.smem);
+    EXPECT_EQ(blocks_per_sm(m), r.blocks);
+    ++checked;
+  }
+  EXPECT_GE(checked, 200);
+  // The merge's, for the cost model's residency of it (executor/cost_model.cpp).
+  const std::vector<ReportRow> merge = rows_of(DG_STATIC_REPORT, "MergePartitionsKernel");
+  ASSERT_EQ(merge.size(), 3u);
+  for (const ReportRow& r : merge) {
+    EXPECT_EQ(r.registers, dg::detail::CostConstants{}.merge_registers) << r.kernel;
+    EXPECT_EQ(r.smem, dg::detail::CostConstants{}.merge_smem_bytes) << r.kernel;
+  }
 }
