@@ -157,7 +157,8 @@ DG_HD bool attends(int rel, uint32_t span) { return static_cast<uint32_t>(-rel) 
 /// tanhf's polynomial and branches. The kernels pass the hardware's approximate ex2 and rcp
 /// (paged_decode.cuh, softcap2_dev: MUFU.EX2 at most 2 ulp, MUFU.RCP at most 1 ulp, both flushing
 /// subnormals; the simulator models both at that worst), the host exp2f and a correctly rounded
-/// 1 / x. The saturated ends are exact (+-cap2: 2^-huge = 0, 1 / inf = 0). Error (docs/design.md,
+/// 1 / x. The top saturates exactly (+cap2: 2^huge = inf, 1 / inf = 0), the bottom at -cap2 within
+/// the bound (rcp(1) need not be exact). Error (docs/design.md,
 /// "The bound per path"): at most ~6.5 u cap2 in base 2 (u = 2^-24), so each weight moves by up
 /// to ~4.5 u c of itself (c the natural cap; rms ~3.2 u c): 1.3e-5 at c = 50, against 1.2e-7 for
 /// ex2's 2 ulp.
