@@ -47,7 +47,7 @@ struct CostConstants {
   /// The merge block's barriers, tree and stores. Same measurement as l2_round_trip_us.
   double merge_tree_us = 0.15;
   /// Registers per thread and static shared memory of MergePartitionsKernel (ptxas -v for sm_90,
-  /// bench/results/static/after-edges.json; Occupancy.ModelMatchesTheStaticReport checks them): its
+  /// bench/results/static/after-fixed.json; Occupancy.ModelMatchesTheStaticReport checks them): its
   /// residency follows from them.
   int merge_registers = 80;
   int merge_smem_bytes = 1088;

@@ -89,8 +89,10 @@ struct DecodeParams {
   int q_mask = -1;
   int heads_per_block = 0;  // query rows (warps) a block serves
   int head_chunks = 0;      // ceil(group_size / heads_per_block); grid y = kv_heads * head_chunks
+  uint64_t head_chunks_magic = 0;  // small_div_magic(head_chunks): grid y / head_chunks, no division
   int block_size_log2 = 0;
 };
+
 
 /// Query row v of a KV head (DecodeParams::group_size): its token within the sequence, its head,
 /// and whether it is a real row (not padding).
