@@ -56,6 +56,7 @@
 #include "kernels/decode_policy.hpp"
 #include "kernels/device_ops.cuh"
 #include "kernels/dtype_traits.cuh"
+#include "kernels/kernel_launch.cuh"
 
 namespace decodegraph::kernels {
 
@@ -833,6 +834,15 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 template <typename T, typename KV, int D, KVLayout kLayout, template <typename, typename, int, KVLayout> class Math>
 __global__ void __maxnreg__((Math<T, KV, D, kLayout>::kMaxRegisters))
     PagedDecodeKernel(const __grid_constant__ DecodeParams p) {
+  // PDL (kernel_launch.cuh; docs/design.md, "The graph contract"): q (the caller's projection), the
+  // cache (the append), lengths and tables (the staging copies) may still be being written, and the
+  // previous merge may still read the workspace we write: wait before the body's first global
+  // access (seq_lens, at its top). Every block waits, even one that exits at once, so this grid
+  // never completes before its predecessor. The trigger then takes effect once every block has
+  // issued it, i.e. when the grid's last block is resident: the dependents' blocks take only the SM
+  // room our grid no longer needs, and park at their own wait until we are done.
+  dev::grid_dependency_wait();
+  dev::launch_dependents();
   paged_decode_body<T, KV, D, kLayout, Math>(p);
 }
 
@@ -844,8 +854,8 @@ template <typename T, typename KV, int D, KVLayout kLayout, template <typename, 
 void enqueue_paged_decode(const DecodeParams& p, int threads, cudaStream_t stream, const char* name) {
   const dim3 grid(static_cast<unsigned>(p.write_partials ? p.max_partitions : 1),
                   static_cast<unsigned>(p.num_kv_heads * p.head_chunks), static_cast<unsigned>(p.num_seqs));
-  PagedDecodeKernel<T, KV, D, kLayout, Math><<<grid, threads, 0, stream>>>(p);
-  DG_CUDA_CHECK_LAUNCH(name);
+  launch_kernel(PagedDecodeKernel<T, KV, D, kLayout, Math>, grid, dim3(static_cast<unsigned>(threads)), stream,
+                p.programmatic, p, name);
 }
 
 /// cudaOccupancyMaxActiveBlocksPerMultiprocessor of one math's kernel at `threads`, no dynamic
