@@ -110,16 +110,20 @@ struct TensorCoreMath {
   }
 
   /// q staging (init -> ready): the block's 16 rows of q in the last stage, free until the main
-  /// loop's first issue (after two barriers). kQChunks 16-byte chunks a row; chunk c of row r at
-  /// c ^ (r % 8) where rows hold whole groups of 8 (ldmatrix's 8 rows then meet 8 bank groups).
+  /// loop's first issue (after two barriers): kQChunks 16-byte chunks a row, chunk c of row r at
+  /// index 16 c + r. Both its users touch one chunk of 8 consecutive rows per phase of 8 lanes (the
+  /// stores; ldmatrix's 8 row addresses), which then lie in 8 different bank groups at every head
+  /// size.
   static constexpr int kQChunks = 2 * KS;
   /// Staged where the static report shows the main loop unchanged by it; at heads 64, 80 and 112
   /// the staged q cost 4-11 % more main-loop instructions per KV byte (and spills at 112, vLLM
   /// layout), so those keep one 4-byte load per fragment register.
   static constexpr bool kStagedQ = !(D == 64 || D == 80 || D == 112);
   static_assert(16 * kQChunks * 16 <= P::kStageBytes, "q's 16 rows fit one stage");
-  __device__ __forceinline__ static char* q_stage() { return pass1_shared<P>() + (P::kStages - 1) * P::kStageBytes; }
-  __device__ __forceinline__ static int q_chunk(int r, int c) { return kQChunks % 8 == 0 ? c ^ (r & 7) : c; }
+  __device__ __forceinline__ static uint4* q_stage() {
+    return reinterpret_cast<uint4*>(pass1_shared<P>() + (P::kStages - 1) * P::kStageBytes);
+  }
+  __device__ __forceinline__ static int q_chunk(int r, int c) { return 16 * c + r; }
 
   /// Query rows of this block (DecodeParams::group_size: q_group heads x q_len tokens), the first
   /// one's index among its KV head's rows, and the KV head.
@@ -264,9 +268,8 @@ struct TensorCoreMath {
         lo = uint4{a.x, a.z, b.x, b.z};
         hi = uint4{a.y, a.w, b.y, b.w};
       }
-      uint4* row_chunks = reinterpret_cast<uint4*>(q_stage()) + qr * kQChunks;
-      row_chunks[q_chunk(qr, 2 * ks)] = lo;
-      row_chunks[q_chunk(qr, 2 * ks + 1)] = hi;
+      q_stage()[q_chunk(qr, 2 * ks)] = lo;
+      q_stage()[q_chunk(qr, 2 * ks + 1)] = hi;
     }
     if constexpr (kFp8 && !kStagedQ) fp8_scales(p, warp, lane);
 #pragma unroll
@@ -286,11 +289,10 @@ struct TensorCoreMath {
     // ldmatrix .x4 of one k-step: lane l addresses row 8 (l / 8 % 2) + l % 8, chunk 2 ks + l / 16:
     // registers (row g, cols 2t), (g + 8, 2t), (g, 8 + 2t), (g + 8, 8 + 2t), the A fragment.
     const int lr = 8 * ((lane >> 3) & 1) + (lane & 7);
-    const uint4* row_chunks = reinterpret_cast<const uint4*>(q_stage()) + lr * kQChunks;
 #pragma unroll
     for (int i = 0; kStagedQ && i < KSW; ++i) {
       if (!kPaddedKSteps || ks0 + i < KS) {  // warp-uniform
-        dev::ldmatrix<4, false>(qa[i], dev::smem_addr(row_chunks + q_chunk(lr, 2 * (ks0 + i) + (lane >> 4))));
+        dev::ldmatrix<4, false>(qa[i], dev::smem_addr(q_stage() + q_chunk(lr, 2 * (ks0 + i) + (lane >> 4))));
       } else {
         qa[i][0] = qa[i][1] = qa[i][2] = qa[i][3] = 0u;
       }

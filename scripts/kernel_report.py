@@ -69,7 +69,7 @@ GUARD_MAX_Q1_GROWTH = 1.07
 GUARD_MAX_Q1_MEDIAN_GROWTH = 1.015
 # A block's fixed cost (issue 31): warp-instructions per warp outside the tiles (fixed_cost: the
 # prologue plus the V2 and the V1 epilogue) of the head-128, GQA-4 pass-1 kernels of bf16, fp16 and
-# fp8 caches, both layouts. bf16 vLLM layout: 1,154 (V2) and 1,416 (V1) before issue 31, 721 and 720 after.
+# fp8 caches, both layouts. bf16 vLLM layout: 1,154 (V2) and 1,416 (V1) before issue 31, 713 and 712 after.
 GUARD_MAX_FIXED_INSTR = 750
 # Bytes a row reads but does not attend (issue 39): the edge tiles run outside the main loop, at most
 # 2 % in the median over every pass-1 launch (every q_len) against the report from before them
