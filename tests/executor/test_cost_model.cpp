@@ -353,6 +353,73 @@ TEST(CostModel, Fp8IsIssueBoundAtBatch1x32KAndBf16IsNot) {
   EXPECT_GT(b.predicted_hi.loop_us, 0);
 }
 
+// Item 5: windowed and short layers at batch 1 take the grid of least predicted time, now that the
+// model counts each block's fixed phase and the merge's chain, from candidates that split a short
+// planned length down to one cache block a partition. The "before" plans are kAuto's at bcceab1
+// (the model without fixed costs, partitions of at least 64 tokens).
+ExecutorConfig windowed(int q_heads, int kv_heads, int head, int window) {
+  ExecutorConfig c;
+  c.spec.num_q_heads = q_heads;
+  c.spec.num_kv_heads = kv_heads;
+  c.spec.head_size = head;
+  c.spec.block_size = 16;
+  c.spec.dtype = DType::kBFloat16;
+  c.spec.sliding_window = window;
+  c.max_batch = 64;
+  c.max_seq_len = 131072;
+  c = detail::resolve_planning(c);
+  c.device_model = host_device_model(c.spec);
+  return c;
+}
+
+TEST(CostModel, WindowedAndShortLayersAtBatch1TakeTheirLeastPredictedGrid) {
+  // gpt-oss-20b's 128-token window (64 q / 8 KV heads of 64): the candidates now split the window
+  // over up to 8 partitions of one cache block; each split still pays a second kernel's floor and
+  // gap and the merge's chain (~2.5 us) for ~1.6 us of stream saved, so V1 (8 blocks, ~5.2 us, the
+  // issue's "~4.9 us of pure fixed cost") stays the least, and kAuto keeps it.
+  {
+    const ExecutorConfig c = windowed(64, 8, 64, 128);
+    const std::vector<BucketPlan> plans = detail::make_plans(c);
+    const BucketPlan& p = plan_at(plans, 1, 32768);
+    const std::vector<detail::ScoredPlan> cands = detail::auto_candidates(p, c);
+    bool split = false;
+    for (const detail::ScoredPlan& s : cands) {
+      split = split || (s.plan.kernel == KernelKind::kV2 && s.plan.partition_size == 16);
+      EXPECT_LE(p.predicted_hi.us, s.plan.predicted_hi.us + 1e-9) << s.plan.partition_size;
+    }
+    EXPECT_TRUE(split);
+    EXPECT_EQ(p.kernel, KernelKind::kV1);
+    EXPECT_EQ(p.predicted_hi.len, 128);
+  }
+  // Gemma-3-like 1024-token window (32 q / 16 KV heads of 128) at batch 1, band (16384, 32768]:
+  // before, V2 P = 64 x 17 (272 blocks, 2 per SM, a 17-partition merge of 256 threads); now
+  // P = 128 x 9: half the blocks start per SM and the merge's 128 threads issue on one warp a
+  // sub-partition, which saves more than the stream's slower 144 blocks lose.
+  {
+    const ExecutorConfig c = windowed(32, 16, 128, 1024);
+    const std::vector<BucketPlan> plans = detail::make_plans(c);
+    const BucketPlan& p = plan_at(plans, 1, 32768);
+    EXPECT_EQ(p.kernel, KernelKind::kV2);
+    EXPECT_EQ(p.partition_size, 128);
+    BucketPlan before = p;
+    detail::set_launch(before, c, KernelKind::kV2, 64);
+    EXPECT_LT(p.predicted_hi.us, before.predicted_hi.us);
+  }
+  // Gemma-2-like short layer (16 q / 8 KV heads of 256, its 4096 window longer than the band) at
+  // batch 1, band (0, 512]: before, P = 64 (kAuto's floor then); now P = 32, below it: 128 blocks,
+  // one per SM, stream 512 tokens in half the time of 64 blocks for one more warp on the merge.
+  {
+    const ExecutorConfig c = windowed(16, 8, 256, 4096);
+    const std::vector<BucketPlan> plans = detail::make_plans(c);
+    const BucketPlan& p = plan_at(plans, 1, 512);
+    EXPECT_EQ(p.kernel, KernelKind::kV2);
+    EXPECT_EQ(p.partition_size, 32);
+    BucketPlan before = p;
+    detail::set_launch(before, c, KernelKind::kV2, 64);
+    EXPECT_LT(p.predicted_hi.us, before.predicted_hi.us);
+  }
+}
+
 // ---------------------------------------------------------------- the constants against the report
 
 namespace {
