@@ -645,7 +645,7 @@ TEST(Plan, TableShowsThePredictionsAndWhy) {
   const AttentionSpec s = make_spec(32, 32);
   const auto plans = plan_buckets(plan_config(s, 64, 16384, KernelPolicy::kAuto));
   const std::string table = format_plan_table(plans);
-  for (const char* col : {"kernel", "blocks", "target", "live@lo", "waves", "pred us", "roof% lo/mid/hi", "graph", "why"})
+  for (const char* col : {"kernel", "blocks", "target", "live@lo", "waves", "pred us", "loop/fixed/merge/launch", "roof% lo/mid/hi", "graph", "why"})
     EXPECT_NE(table.find(col), std::string::npos) << col << "\n" << table;
   EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), static_cast<long>(plans.size()) + 1);
   // kAuto says it chose by predicted time, with the regret, the candidates and the three times.
