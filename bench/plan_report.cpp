@@ -109,7 +109,7 @@ int issue19() {
   const Shape shapes[] = {{1, 32768}, {8, 32768}, {1, 131072}, {8, 131072}, {64, 2048}, {1, 4096}};
 
   std::printf("# Planner predictions for issue 19's shapes\n\n");
-  std::printf("Output of `build/bench/plan_report` (bench/plan_report.cpp; `cmake --build build --target plan_report`):\n"
+  std::printf("Output of `build-host/bench/plan_report --issue19` (bench/plan_report.cpp; `cmake --build build-host --target plan_report`):\n"
               "**predictions** of the planner's cost model (executor/cost_model.hpp, docs/planning.md), not\n"
               "measurements; no GPU has run these plans.\n"
               "llama3-8b attention (32 q heads, 8 KV heads, head 128), bf16, block 16, one layer, every sequence\n"
