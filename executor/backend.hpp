@@ -170,6 +170,11 @@ class Backend {
   /// graph with a SWITCH node that instantiates (once per process, outside any capture). Host:
   /// always. On false, `why` says what is missing. Never throws.
   virtual bool switch_supported(std::string& why) = 0;
+  /// Whether launches can use programmatic dependent launch (CUDA: compute capability 9.0 or newer;
+  /// host: no, there is nothing to overlap). On false, `why` says why. Never throws. When the
+  /// executor turns it on, the ops' programmatic_launch flags are set and the backend keeps them
+  /// only where the launch's upstream nodes are all kernel nodes.
+  virtual bool programmatic_launch_supported(std::string& why) const = 0;
   /// Records the band-select node (capture only): it computes the band of the staged lengths when
   /// the graph runs, counts it in p.branch_counts, and sets the value of every SWITCH node recorded
   /// after it in this capture (p.handles is filled by the backend).

@@ -67,7 +67,7 @@ struct CostConstants {
   /// l2_round_trip_us (decode_loop: the merge's share of V2 at batch 1).
   double merge_chain_instr = 940;
   /// Registers per thread and static shared memory of MergePartitionsKernel (ptxas -v for sm_90,
-  /// bench/results/static/after-edges.json; Occupancy.ModelMatchesTheStaticReport checks them): its
+  /// bench/results/static/after-fixed.json; Occupancy.ModelMatchesTheStaticReport checks them): its
   /// residency follows from them.
   int merge_registers = 80;
   int merge_smem_bytes = 1088;

@@ -52,6 +52,11 @@ Executor::Executor(ExecutorConfig config, StepBody body) : impl_(std::make_uniqu
   m.layers->warn_missing_cache_sizes(m.cfg.layers, *m.log);
   // Band choice: the probe runs once here, outside any capture; a missing feature is a fallback.
   m.band_mode = detail::choose_band_select(m.cfg, *m.backend, *m.log, m.band_note);
+  // PDL: once, from the device's compute capability; off on request or where it cannot overlap.
+  if (!m.cfg.programmatic_launch)
+    m.programmatic_note = "off (ExecutorConfig::programmatic_launch = false)";
+  else
+    m.programmatic = m.backend->programmatic_launch_supported(m.programmatic_note);
   m.plans = std::make_unique<detail::PlanBook>(m.cfg, std::move(groups));
   m.build(std::move(body));
   if (m.cfg.capture == CapturePolicy::kUpFront) capture_all();
@@ -96,6 +101,7 @@ void Executor::Impl::build(StepBody body) {
   targets.inputs = staging->device();
   targets.bad_block = bad_blocks->device_flag();
   targets.bad_block_h = bad_blocks->host_copy();
+  targets.programmatic = programmatic;
   targets.workspace_bytes = ledger.workspace_bytes;
   if (ledger.workspace_bytes) targets.workspace = memory->device(ledger.workspace_bytes);
   if (alibi_bytes) {
@@ -110,10 +116,11 @@ void Executor::Impl::build(StepBody body) {
   graphs = on_device ? detail::make_switch_graphs(parts) : detail::make_plan_graphs(parts);
 
   log->info("executor: backend {}, {} layers, max_batch {}, max_seq_len {}, {} buckets x {} bands, "
-            "{} layer groups, policy {}, band select {}, device model {} SMs x {} blocks, {} graphs ({} distinct plans), "
-            "capture {}, memory {} (static {}, workspace {})",
+            "{} layer groups, policy {}, band select {}, programmatic launch {}, device model {} SMs x {} blocks, {} graphs "
+            "({} distinct plans), capture {}, memory {} (static {}, workspace {})",
             to_string(c.backend), c.num_layers, c.max_batch, c.max_seq_len, c.batch_buckets.size(),
-            plans->num_bands(), plans->num_groups(), to_string(c.policy), to_string(band_mode), c.device_model.num_sms,
+            plans->num_bands(), plans->num_groups(), to_string(c.policy), to_string(band_mode),
+            programmatic ? std::string("on") : "off: " + programmatic_note, c.device_model.num_sms,
             c.device_model.blocks_per_sm, graphs->distinct_graphs(), plans->launches().size(), to_string(c.capture),
             detail::mib(needed), detail::mib(ledger.static_bytes), detail::mib(ledger.workspace_bytes));
   if (log->should_log(spdlog::level::debug)) log->debug("plans:\n{}", detail::plan_table_text(*plans));

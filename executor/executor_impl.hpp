@@ -40,6 +40,8 @@ struct Executor::Impl {
   ExecutorConfig cfg;                        // resolved
   BandSelect band_mode = BandSelect::kHost;  // in effect, after any fallback
   std::string band_note;                     // why kDevice fell back
+  bool programmatic = false;                 // ExecutorConfig::programmatic_launch in effect
+  std::string programmatic_note;             // why it is not
   detail::MemoryLedger ledger;
   std::unique_ptr<detail::PlanBook> plans;
   std::unique_ptr<detail::LayerSet> layers;

@@ -148,6 +148,10 @@ class HostBackend final : public Backend {
     bound();
     return true;
   }
+  bool programmatic_launch_supported(std::string& why) const override {
+    why = "the host backend runs one op after another: nothing to overlap";
+    return false;
+  }
   bool read_for_stats(void* dst, const void* src, std::size_t bytes) noexcept override {
     bound();
     if (bytes) std::memcpy(dst, src, bytes);

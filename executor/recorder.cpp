@@ -107,6 +107,7 @@ void Recorder::append(const BucketPlan& plan, int layer) {
   a.block_table_stride = cfg_.max_blocks_per_seq;
   a.tokens_per_seq = plan.q_len;
   a.bad_slot = targets_.bad_block;
+  a.programmatic_launch = targets_.programmatic;  // the backend keeps it after kernel nodes only
   backend_.append(a);
 }
 
@@ -155,6 +156,8 @@ void Recorder::attention(const BucketPlan& p, int layer, const void* q, void* ou
   a.v_scale = lb.v_scale;
   a.sinks = lb.sinks;  // NOTE(graph): read when the kernel runs, not baked
   a.bad_block = targets_.bad_block;  // NOTE(graph): fixed address; ids are clamped, the first bad one reported
+  // NOTE(graph): PDL; pass 1 and the merge wait before any global access (docs/design.md).
+  a.programmatic_launch = targets_.programmatic;
   if (p.kernel == KernelKind::kV1)
     backend_.attention_v1(a);
   else

@@ -27,6 +27,7 @@ struct GraphTargets {
   std::size_t workspace_bytes = 0;
   int* bad_block = nullptr;      // device flag (BadBlockReport)
   int* bad_block_h = nullptr;    // its pinned copy, written last by every graph
+  bool programmatic = false;     // PDL in effect (ExecutorConfig::programmatic_launch, device sm_90+)
 };
 
 class Recorder {

@@ -33,6 +33,8 @@ ExecutorStats Executor::stats() const {
   }
   s.band_select = m.band_mode;
   s.band_select_note = m.band_note;
+  s.programmatic_launch = m.programmatic;
+  s.programmatic_launch_note = m.programmatic_note;
   s.buckets = static_cast<int>(m.plans->num_cells());  // not plans().size(): that counts each layer group's
   s.distinct_plans = static_cast<int>(m.plans->launches().size());
   for (const BucketPlan& p : m.plans->group_plans(0)) s.undecided_buckets += p.graph_id < 0;  // the same in every group

@@ -36,7 +36,9 @@
 #include "kernels/cuda_check.hpp"
 #include "kernels/decode_math.hpp"
 #include "kernels/decode_params.cuh"
+#include "kernels/device_ops.cuh"
 #include "kernels/dtype_traits.cuh"
+#include "kernels/kernel_launch.cuh"
 
 namespace decodegraph::kernels {
 
@@ -124,6 +126,11 @@ __device__ __forceinline__ void append_kv_body(const AppendParams& p) {
 
 template <typename T, typename KV>
 __global__ void __launch_bounds__(kAppendThreads) AppendKVKernel(const __grid_constant__ AppendParams p) {
+  // PDL: the new K/V (the caller's projection) and the slots (staging copies) may still be being
+  // written, and the previous layer's pass 1 may still read the cache: wait before any global
+  // access, in every block. The trigger once every block is resident (see PagedDecodeKernel).
+  dev::grid_dependency_wait();
+  dev::launch_dependents();
   append_kv_body<T, KV>(p);
 }
 
@@ -133,8 +140,8 @@ template <typename T, typename KV>
 void launch_append_kv(const AppendParams& p, cudaStream_t stream) {
   if (fault::should_fail(fault::Site::kKernelLaunch))
     fault::throw_injected(fault::Site::kKernelLaunch, "launch of AppendKVKernel");
-  AppendKVKernel<T, KV><<<static_cast<unsigned>(p.num_tokens), kAppendThreads, 0, stream>>>(p);
-  DG_CUDA_CHECK_LAUNCH("AppendKVKernel");
+  launch_kernel(AppendKVKernel<T, KV>, dim3(static_cast<unsigned>(p.num_tokens)), dim3(kAppendThreads), stream,
+                p.programmatic, p, "AppendKVKernel");
 }
 
 }  // namespace decodegraph::kernels

@@ -9,6 +9,7 @@
 #include "decodegraph/fault.hpp"
 #include "kernels/band_select.cuh"
 #include "kernels/cuda_check.hpp"
+#include "kernels/device_ops.cuh"
 
 #if defined(DECODEGRAPH_SIM)
 #include "sim_band_select.hpp"
@@ -20,6 +21,9 @@ template <int kThreads>
 __global__ void __launch_bounds__(kThreads) BandSelectKernel(const __grid_constant__ BandSelectParams p) {
   using Reduce = cub::BlockReduce<int, kThreads>;
   __shared__ typename Reduce::TempStorage temp[1];
+  // Launched without the PDL attribute (its predecessors are the staging copies, its successors the
+  // SWITCH nodes: no kernel edge to overlap); the wait keeps it correct if it ever is.
+  dev::grid_dependency_wait();
   int m = 0;
   for (int i = static_cast<int>(threadIdx.x); i < p.batch; i += kThreads) {
     const int len = __ldg(p.seq_lens + i);

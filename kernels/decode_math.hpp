@@ -127,7 +127,8 @@ DG_HD int window_first(int len, int window) { return window > 0 && len > window 
 /// of block_size). Table entries and blocks before it are never touched; V2's partitions start here,
 /// and the tokens of this block before window_first are masked one by one.
 DG_HD int window_origin(int len, int window, int block_size) {
-  return window > 0 ? window_first(len, window) / block_size * block_size : 0;  // no division without one
+  // block_size is a power of two (kernels/common.cpp: 8, 16, 32): a mask, not a ~30-instruction division.
+  return window > 0 ? window_first(len, window) & -block_size : 0;
 }
 /// The most tokens read (len - window_origin) by a sequence of at most max_len tokens: max_len
 /// without a window, else min(max_len, W + block_size - 1). Sizes V2's partitions.
@@ -201,9 +202,12 @@ DG_HD float partition_weight(float m_p, float l_p, float M) {
   return m_p == -INFINITY ? 0.0f : l_p * expf(m_p - M);
 }
 
-/// acc / l, or 0 where nothing was accumulated (l = 0). A NaN l (a row that attended a NaN or
-/// infinite logit) gives NaN, never a finite number.
-DG_HD float normalise(float acc, float l) { return l != 0.0f ? acc / l : 0.0f; }
+/// acc x (1 / l), or 0 where nothing was accumulated (l = 0). A NaN l (a row that attended a NaN
+/// or infinite logit) gives NaN, never a finite number. A reciprocal, not acc / l: the compiler
+/// forms 1 / l once per row, so an epilogue of 16 values per lane takes one IEEE reciprocal instead
+/// of 16 divisions (issue 31); at most 1 ulp more rounding (l >= 1 wherever it is not 0: the row's
+/// max contributes 2^0, so 1 / l never overflows).
+DG_HD float normalise(float acc, float l) { return l != 0.0f ? acc * (1.0f / l) : 0.0f; }
 
 /// Index of partition `part` of (seq, head) in the V2 max-logit / exp-sum arrays
 /// [num_seqs, num_q_heads, max_partitions]; multiply by head_size for partial_out rows.

@@ -89,8 +89,12 @@ struct DecodeParams {
   int q_mask = -1;
   int heads_per_block = 0;  // query rows (warps) a block serves
   int head_chunks = 0;      // ceil(group_size / heads_per_block); grid y = kv_heads * head_chunks
+  uint64_t head_chunks_magic = 0;  // small_div_magic(head_chunks): grid y / head_chunks, no division
   int block_size_log2 = 0;
+  /// Host side only: launch with programmatic stream serialization (PDL; kernel_launch.cuh).
+  bool programmatic = false;
 };
+
 
 /// Query row v of a KV head (DecodeParams::group_size): its token within the sequence, its head,
 /// and whether it is a real row (not padding).
@@ -119,6 +123,7 @@ struct MergeParams {
   int block_size = 0;
   const float* sinks = nullptr;
   int q_len = 1;             // query rows per sequence: num_seqs counts rows, seq_lens sequences
+  bool programmatic = false;  // host side only: launch with PDL (kernel_launch.cuh)
 };
 
 /// KV append (vLLM reshape_and_cache).
@@ -149,6 +154,7 @@ struct AppendParams {
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
   bool scale_per_head = false;
+  bool programmatic = false;  // host side only: launch with PDL (kernel_launch.cuh)
 };
 
 // ---------------------------------------------------------------- launchers (inst/*.cu)

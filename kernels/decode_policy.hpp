@@ -26,6 +26,17 @@ constexpr int next_pow2(int v) {
   return p;
 }
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+/// m = ceil(2^32 / d) for 1 <= d < 2^16: then y / d = (y m) >> 32 exactly for every y < 2^16
+/// (m d - 2^32 < d, so y (m d - 2^32) < 2^32 cannot carry past the quotient). A block's heads
+/// follow from grid y this way: a runtime division is ~20 instructions in every block.
+constexpr uint64_t small_div_magic(int d) {
+  return ((uint64_t{1} << 32) + static_cast<uint64_t>(d) - 1) / static_cast<uint64_t>(d);
+}
+/// y / d for 0 <= y < 2^16 and 1 <= d < 2^16, with m = small_div_magic(d).
+constexpr int small_div(int y, uint64_t m) {
+  return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(y)) * m) >> 32);
+}
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
 constexpr int ilog2(int v) {  // floor(log2(v)) for v >= 1
   int r = 0;
@@ -45,7 +56,7 @@ inline constexpr int kPass1MaxRegisters = 80;
 /// marks (kEdgeMarks bytes: kEdgeLeadMarks lead positions, then the tail's) and state
 /// (kEdgeStateInts), the loader's clamped-id record (kMaxSegments ints), and on the CUDA-core math
 /// the rows' query positions (kQposInts). ptxas packs them after the array, unpadded
-/// (bench/results/static/after-edges.json; Occupancy.ModelMatchesTheStaticReport checks every kernel).
+/// (bench/results/static/after-fixed.json; Occupancy.ModelMatchesTheStaticReport checks every kernel).
 inline constexpr int kEdgeLeadMarks = 64;
 inline constexpr int kEdgeMarks = kEdgeLeadMarks + 96;
 inline constexpr int kEdgeStateInts = 6;

@@ -6,7 +6,8 @@
 // tensor-core math ldmatrix (8x8 matrices of 16-bit elements, shared -> the mma fragment layout) and
 // mma.sync.m16n8k16 with fp32 accumulation; for fp8 KV caches, the paired conversion of fp8 codes
 // to fp16 (cvt.rn.f16x2.e4m3x2 / .e5m2x2, sm_89+; exact) and two 8-byte cp.async halves of one
-// 16-byte stage chunk (vLLM V pages of 8 tokens, whose d-rows are 8 bytes).
+// 16-byte stage chunk (vLLM V pages of 8 tokens, whose d-rows are 8 bytes); and griddepcontrol,
+// programmatic dependent launch's device side (sm_90+).
 //
 // Under the CPU simulator (tests/sim, which defines DECODEGRAPH_SIM) the same functions come from
 // the simulator's model in tests/sim/shim/sim_device_ops.hpp: copies are deferred to the matching
@@ -62,6 +63,27 @@ __device__ __forceinline__ void cp_async_8x2(void* dst, const void* src_lo, int 
   asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, %2, %3;\n" ::"r"(d + 8), "l"(src_hi),
                "r"(n_hi), "l"(policy)
                : "memory");
+}
+
+// ---------------------------------------------------------------- programmatic dependent launch
+// PTX ISA, "griddepcontrol" (sm_90+). Below sm_90 there is no PDL: a launch is fully ordered after
+// its predecessor, and both are no-ops. Both are no-ops too when the launch was not programmatic.
+
+/// griddepcontrol.wait: blocks this thread until every prerequisite grid has completed and its
+/// memory operations are visible. Every kernel of ours calls it before its first global read or
+/// store; the memory clobber keeps the compiler from hoisting a load above it.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/// griddepcontrol.launch_dependents: once every block of this grid has issued it (or exited), a
+/// programmatic dependent may be scheduled. A hint only: it never makes our writes visible early.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 /// Closes the current group of copies.

@@ -122,6 +122,7 @@ DecodeParams decode_params(const DecodeArgs& a) {
   p.cap2_k = math::softcap2_k(p.cap2);
   p.sinks = a.sinks;
   p.layout = a.spec.layout;
+  p.programmatic = a.programmatic_launch;
   return p;
 }
 
@@ -171,6 +172,7 @@ void paged_attention_v2(const DecodeArgs& args, int partition_size, void* worksp
   mp.window = p.read_window;
   mp.block_size = args.spec.block_size;
   mp.sinks = args.sinks;
+  mp.programmatic = args.programmatic_launch;  // after pass 1: always a kernel-to-kernel edge
   dispatch_dtype(args.spec.dtype,
                  [&](auto t) { kernels::launch_merge_partitions<typename decltype(t)::type>(mp, stream); });
 }
@@ -201,6 +203,7 @@ void append_kv(const AppendArgs& args, Stream stream) {
   p.head_size = args.spec.head_size;
   p.block_size = args.spec.block_size;
   p.layout = args.spec.layout;
+  p.programmatic = args.programmatic_launch;
   if (args.spec.fp8_kv()) {
     p.k_scale = args.k_scale;
     p.v_scale = args.v_scale;

@@ -34,7 +34,9 @@
 #include "kernels/cuda_check.hpp"
 #include "kernels/decode_math.hpp"
 #include "kernels/decode_params.cuh"
+#include "kernels/device_ops.cuh"
 #include "kernels/dtype_traits.cuh"
+#include "kernels/kernel_launch.cuh"
 #include "kernels/merge_policy.hpp"
 
 namespace decodegraph::kernels {
@@ -201,6 +203,10 @@ __device__ __forceinline__ void merge_partitions_body(const MergeParams& p) {
 
 template <typename T>
 __global__ void __launch_bounds__(kMergeMaxThreads) MergePartitionsKernel(const __grid_constant__ MergeParams p) {
+  // PDL: pass 1's partials may still be being written; wait before any global access, in every
+  // block. The trigger once every block is resident (see PagedDecodeKernel).
+  dev::grid_dependency_wait();
+  dev::launch_dependents();
   merge_partitions_body<T>(p);
 }
 
@@ -214,8 +220,8 @@ void launch_merge_partitions(const MergeParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(merge_slices(p.head_size)));
   if (fault::should_fail(fault::Site::kKernelLaunch))
     fault::throw_injected(fault::Site::kKernelLaunch, "launch of MergePartitionsKernel");
-  MergePartitionsKernel<T><<<grid, threads, 0, stream>>>(p);
-  DG_CUDA_CHECK_LAUNCH("MergePartitionsKernel");
+  launch_kernel(MergePartitionsKernel<T>, grid, dim3(static_cast<unsigned>(threads)), stream, p.programmatic, p,
+                "MergePartitionsKernel");
 }
 
 }  // namespace decodegraph::kernels

@@ -56,6 +56,7 @@
 #include "kernels/decode_policy.hpp"
 #include "kernels/device_ops.cuh"
 #include "kernels/dtype_traits.cuh"
+#include "kernels/kernel_launch.cuh"
 
 namespace decodegraph::kernels {
 
@@ -149,8 +150,10 @@ struct TileLoader {
   /// Stores (seq * block_table_stride + index) + 1 of a clamped id into bad_block (first writer wins).
   __device__ __forceinline__ static void report_bad_block(const DecodeParams& p, int seq, int bad) {
     if (bad == 0 || p.bad_block == nullptr) return;
+    // static-report: begin bad-block
     const int64_t flat = static_cast<int64_t>(seq) * p.block_table_stride + bad;
     atomicCAS(p.bad_block, 0, flat < INT_MAX ? static_cast<int>(flat) : INT_MAX);
+    // static-report: end bad-block
   }
 
   /// Issues the copies of tokens [tile_start, tile_start + NTOK) into the stage at sk / sv (byte
@@ -238,8 +241,9 @@ struct BlockHeads {
   int chunk;
 };
 __device__ __forceinline__ BlockHeads block_heads(const DecodeParams& p) {
-  const int y = static_cast<int>(blockIdx.y);
-  return BlockHeads{y / p.head_chunks, y % p.head_chunks};
+  const int y = static_cast<int>(blockIdx.y);  // < 65536 (the launcher checks)
+  const int kv_head = small_div(y, p.head_chunks_magic);
+  return BlockHeads{kv_head, y - kv_head * p.head_chunks};
 }
 
 // ---------------------------------------------------------------- math (CUDA cores)
@@ -460,6 +464,7 @@ struct CudaCoreMath {
 
   /// Nothing: consume folds whole tiles (kSplitTile false).
   __device__ __forceinline__ void accumulate(dev::SmemAddr) {}
+  __device__ __forceinline__ void ready(const DecodeParams&) {}  // init loaded q into registers
 
   /// Sums l over the row and merges the warp's Z slices (fixed butterfly: deterministic). Every
   /// lane then holds the head's state for its chunks; V1 adds the head's sink to l.
@@ -484,9 +489,11 @@ struct CudaCoreMath {
     // NOTE(graph): the sink is read from memory. V2's partials leave it to the merge.
     oscale = 1.0f;
     if (!p.write_partials && p.sinks != nullptr) {
+      // static-report: begin sinks
       const math::SinkFold sf = math::sink_fold2(__ldg(p.sinks + warp_head(p)), m, 0.0f);
       l = l * sf.f + sf.term;  // f = 1 (exact) unless the sink raises the row's max
       oscale = sf.f;           // then the output is rescaled too (write)
+      // static-report: end sinks
     }
   }
 
@@ -501,6 +508,7 @@ struct CudaCoreMath {
     if (z != 0) return;
     const int q_head = warp_head(p);
     if (p.write_partials) {
+      // static-report: begin v2-write
       const int64_t idx = math::partial_index(warp_io_row(p, seq), q_head, part, p.num_q_heads, p.max_partitions);
       if (j == 0) {
         p.max_logits[idx] = m * math::kLn2;  // back to natural logits for the merge
@@ -521,7 +529,9 @@ struct CudaCoreMath {
           *reinterpret_cast<float4*>(dst + c * CE + e) = o;
         }
       }
+      // static-report: end v2-write
     } else {
+      // static-report: begin v1-write
       T* dst = static_cast<T*>(p.out) + static_cast<int64_t>(warp_io_row(p, seq)) * p.out_stride + static_cast<int64_t>(q_head) * D;
 #pragma unroll
       for (int k = 0; k < KC; ++k) {
@@ -532,6 +542,7 @@ struct CudaCoreMath {
         for (int e = 0; e < CE; ++e) o[e] = math::normalise(acc[k][e], l) * oscale;
         *reinterpret_cast<uint4*>(dst + c * CE) = Conv::pack(o);
       }
+      // static-report: end v1-write
     }
   }
 };
@@ -574,7 +585,8 @@ __device__ __forceinline__ int* edge_state() {
 /// pos - the tail's first position] in the tail's S - 1 tiles (at most 96 positions). Every writer
 /// stores 1, so concurrent writers need no atomics. Sizes: decode_policy.hpp.
 __device__ __forceinline__ unsigned char* edge_marks() {
-  __shared__ unsigned char marks[kEdgeMarks];
+  static_assert(kEdgeMarks % 4 == 0, "zeroed as words");
+  __shared__ __align__(4) unsigned char marks[kEdgeMarks];
   return marks;
 }
 /// Raw bits of a cache element that is an inf or a NaN (fp8 E4M3: its NaN codes; E5M2: inf and NaN).
@@ -691,7 +703,10 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 
   // The edge state first, before the math's registers fill (published by the prologue's barrier).
   const int ntiles = (end - start + NTOK - 1) / NTOK;
-  for (int i = tid; i < kEdgeMarks; i += static_cast<int>(blockDim.x)) edge_marks()[i] = 0;
+  // One word per thread, not a byte loop (~60 instructions in every block's prologue): every
+  // pass-1 block has at least 128 threads (pass1_threads_for).
+  static_assert(kEdgeMarks / 4 <= 128, "one word per thread");
+  if (tid < kEdgeMarks / 4) reinterpret_cast<uint32_t*>(edge_marks())[tid] = 0;
   if (tid == 0) {
     const EdgeBounds eb = edge_bounds(p, len);
     int* es = edge_state();
@@ -716,6 +731,7 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   // Prologue: segment offsets of tiles 0 .. S-1, then tiles 0 .. S-2 in flight (one group each,
   // empty groups included, so that group counting is the same for every thread and length).
   using Loader = TileLoader<KV, D, kLayout, P>;
+  // static-report: begin tiles
   if (tid < nseg) {
     Loader::bad_table()[tid] = 0;
     for (int t = 0; t < S && t < ntiles; ++t) {
@@ -724,10 +740,12 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
     }
   }
   __syncthreads();
+  math.ready(p);  // every thread: what init staged in shared memory is visible now
   for (int t = 0; t < S - 1; ++t) {
     if (t < ntiles) loader.issue(stage_k(t), stage_v(t), s_seg + (t % S) * NSEG, start + t * NTOK, end);
     dev::cp_async_commit();
   }
+  // static-report: end tiles
 
   // ------------------------------------------------ edge tiles before the loop
   // The tiles holding positions before the last row's window (at most three: row 0's window starts
@@ -739,10 +757,12 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   }();
   static_assert(S - 1 >= 3, "the lead's edge tiles are among the prologue's");
   if (t_lead > 0) {  // block-uniform
+    // static-report: begin edge
     dev::cp_async_wait<0>();
     __syncthreads();
     sanitize_edge<KV, D, kLayout, P>(start, cmin(edge_state()[2], end), stage_v);
     __syncthreads();
+    // static-report: end edge
   }
 
   // ------------------------------------------------ main loop over tiles (block-uniform bounds)
@@ -789,17 +809,23 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
   // The tail's edge positions (after the first row's query, q_len > 1) are sanitized once its
   // tiles have landed (all in flight: the loop issued the last), before their math reads them.
   if (edge_state()[3] < end) {  // block-uniform
+    // static-report: begin edge
     dev::cp_async_wait<0>();
     __syncthreads();
     sanitize_edge<KV, D, kLayout, P>(cmax(edge_state()[3], start), end, stage_v);
     __syncthreads();
+    // static-report: end edge
   }
   for (const int n = (end - start + NTOK - 1) / NTOK; t < n; ++t) step(t, std::true_type{});  // the tail, masked
   if (tid < nseg) Loader::report_bad_block(p, seq, Loader::bad_table()[tid]);
 
   if (!active) return;  // no barrier below
   math.finish(p);
-  if (edge_state()[0]) poison_edge(p, math, end);  // block-uniform
+  if (edge_state()[0]) {  // block-uniform
+    // static-report: begin edge
+    poison_edge(p, math, end);
+    // static-report: end edge
+  }
   math.write(p, seq, part);
 }
 
@@ -808,6 +834,15 @@ __device__ __forceinline__ void paged_decode_body(const DecodeParams& p) {
 template <typename T, typename KV, int D, KVLayout kLayout, template <typename, typename, int, KVLayout> class Math>
 __global__ void __maxnreg__((Math<T, KV, D, kLayout>::kMaxRegisters))
     PagedDecodeKernel(const __grid_constant__ DecodeParams p) {
+  // PDL (kernel_launch.cuh; docs/design.md, "The graph contract"): q (the caller's projection), the
+  // cache (the append), lengths and tables (the staging copies) may still be being written, and the
+  // previous merge may still read the workspace we write: wait before the body's first global
+  // access (seq_lens, at its top). Every block waits, even one that exits at once, so this grid
+  // never completes before its predecessor. The trigger then takes effect once every block has
+  // issued it, i.e. when the grid's last block is resident: the dependents' blocks take only the SM
+  // room our grid no longer needs, and park at their own wait until we are done.
+  dev::grid_dependency_wait();
+  dev::launch_dependents();
   paged_decode_body<T, KV, D, kLayout, Math>(p);
 }
 
@@ -819,8 +854,8 @@ template <typename T, typename KV, int D, KVLayout kLayout, template <typename, 
 void enqueue_paged_decode(const DecodeParams& p, int threads, cudaStream_t stream, const char* name) {
   const dim3 grid(static_cast<unsigned>(p.write_partials ? p.max_partitions : 1),
                   static_cast<unsigned>(p.num_kv_heads * p.head_chunks), static_cast<unsigned>(p.num_seqs));
-  PagedDecodeKernel<T, KV, D, kLayout, Math><<<grid, threads, 0, stream>>>(p);
-  DG_CUDA_CHECK_LAUNCH(name);
+  launch_kernel(PagedDecodeKernel<T, KV, D, kLayout, Math>, grid, dim3(static_cast<unsigned>(threads)), stream,
+                p.programmatic, p, name);
 }
 
 /// cudaOccupancyMaxActiveBlocksPerMultiprocessor of one math's kernel at `threads`, no dynamic
@@ -856,6 +891,7 @@ void launch_paged_decode(DecodeParams p, cudaStream_t stream) {
   p.q_shift = p.q_len > 1 ? ilog2(next_pow2(p.q_group)) : 31;
   p.q_mask = p.q_len > 1 ? next_pow2(p.q_group) - 1 : -1;
   p.head_chunks = pass1_head_chunks_for(p.group_size);
+  p.head_chunks_magic = small_div_magic(p.head_chunks);
   p.heads_per_block = pass1_heads_per_block_for(p.group_size);
   p.block_size_log2 = ilog2(p.block_size);
   const bool tensor_cores = pass1_uses_tensor_cores(sizeof(KV), p.group_size);

@@ -109,6 +109,18 @@ struct TensorCoreMath {
     return reinterpret_cast<float2*>(exchange() + (P::kScoreBytes + P::kWeightBytes) / 16);
   }
 
+  /// q staging (init -> ready): the block's 16 rows of q in the last stage, free until the main
+  /// loop's first issue (after two barriers). kQChunks 16-byte chunks a row; chunk c of row r at
+  /// c ^ (r % 8) where rows hold whole groups of 8 (ldmatrix's 8 rows then meet 8 bank groups).
+  static constexpr int kQChunks = 2 * KS;
+  /// Staged where the static report shows the main loop unchanged by it; at heads 64, 80 and 112
+  /// the staged q cost 4-11 % more main-loop instructions per KV byte (and spills at 112, vLLM
+  /// layout), so those keep one 4-byte load per fragment register.
+  static constexpr bool kStagedQ = !(D == 64 || D == 80 || D == 112);
+  static_assert(16 * kQChunks * 16 <= P::kStageBytes, "q's 16 rows fit one stage");
+  __device__ __forceinline__ static char* q_stage() { return pass1_shared<P>() + (P::kStages - 1) * P::kStageBytes; }
+  __device__ __forceinline__ static int q_chunk(int r, int c) { return kQChunks % 8 == 0 ? c ^ (r & 7) : c; }
+
   /// Query rows of this block (DecodeParams::group_size: q_group heads x q_len tokens), the first
   /// one's index among its KV head's rows, and the KV head.
   struct Rows {
@@ -212,36 +224,87 @@ struct TensorCoreMath {
     // columns 16 ks + 4t + 2 (reg >> 1), +1 (the K fragments' permutation).
     // Rows g and g + 8: each its own q row (token) and head, as 32-bit offsets from the sequence's
     // first row (q_len rows of q_stride elements: far below 2^31).
+    // q into the last stage (q_stage), 32 bytes (one k-step of a row) per thread and step: 16-byte
+    // loads instead of a 4-byte load per fragment register (~200 instructions of every block's
+    // prologue); ready() reads the fragments with ldmatrix after the prologue's barrier.
     const T* qs = static_cast<const T*>(p.q) + static_cast<int64_t>(seq) * p.q_len * p.q_stride;
-    int qoff[2];
+    if constexpr (!kStagedQ) {
+      int qoff[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int v = r.v0 + (r.real(p, g + 8 * h) ? g + 8 * h : 0);
-      qoff[h] = q_row_token(p, v) * static_cast<int>(p.q_stride) + r.head(p, v - r.v0) * D;
-    }
-    const int ks0 = (warp / NN) * KSW;
-#pragma unroll
-    for (int i = 0; i < KSW; ++i)
-#pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int qrow = g + 8 * (reg & 1);
-        const int col = 16 * (ks0 + i) + (kFp8 ? 4 * t + 2 * (reg >> 1) : 8 * (reg >> 1) + 2 * t);
-        qa[i][reg] = ks0 + i < KS && r.real(p, qrow)
-                         ? __ldg(reinterpret_cast<const uint32_t*>(qs + qoff[reg & 1] + col))
-                         : 0u;
+      for (int h = 0; h < 2; ++h) {
+        const int v = r.v0 + (r.real(p, g + 8 * h) ? g + 8 * h : 0);
+        qoff[h] = q_row_token(p, v) * static_cast<int>(p.q_stride) + r.head(p, v - r.v0) * D;
       }
-    if constexpr (kFp8) {
-      // NOTE(graph): the scales are read from memory here, so a replay sees what was written last.
-      const int si = p.scale_per_head ? block_heads(p).kv_head : 0;
-      const float unshift = p.io_bf16 ? q_to_fp16(warp, g, t, row) : 1.0f;  // block-uniform
-      scale2 = math::fp8_scale2(p.scale, __ldg(p.k_scale + si), unshift);
-      vscale = __ldg(p.v_scale + si);
+      const int ks0 = (warp / NN) * KSW;
+#pragma unroll
+      for (int i = 0; i < KSW; ++i)
+#pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int qrow = g + 8 * (reg & 1);
+          const int col = 16 * (ks0 + i) + (kFp8 ? 4 * t + 2 * (reg >> 1) : 8 * (reg >> 1) + 2 * t);
+          qa[i][reg] = ks0 + i < KS && r.real(p, qrow)
+                           ? __ldg(reinterpret_cast<const uint32_t*>(qs + qoff[reg & 1] + col))
+                           : 0u;
+        }
     }
+#pragma unroll
+    for (int u = 0; kStagedQ && u < (16 * KS + P::kThreads - 1) / P::kThreads; ++u) {
+      const int item = static_cast<int>(threadIdx.x) + u * P::kThreads;
+      if ((16 * KS) % P::kThreads != 0 && item >= 16 * KS) break;
+      const int qr = item % 16, ks = item / 16;
+      uint4 lo{0u, 0u, 0u, 0u}, hi{0u, 0u, 0u, 0u};
+      if (r.real(p, qr)) {
+        const uint4* src = reinterpret_cast<const uint4*>(
+            qs + q_row_token(p, r.v0 + qr) * static_cast<int64_t>(p.q_stride) + r.head(p, qr) * D + 16 * ks);
+        lo = __ldg(src);
+        hi = __ldg(src + 1);
+      }
+      if constexpr (kFp8) {  // the K fragments' permutation: column pair j at slot 4 (j & 1) + j / 2
+        const uint4 a = lo, b = hi;
+        lo = uint4{a.x, a.z, b.x, b.z};
+        hi = uint4{a.y, a.w, b.y, b.w};
+      }
+      uint4* row_chunks = reinterpret_cast<uint4*>(q_stage()) + qr * kQChunks;
+      row_chunks[q_chunk(qr, 2 * ks)] = lo;
+      row_chunks[q_chunk(qr, 2 * ks + 1)] = hi;
+    }
+    if constexpr (kFp8 && !kStagedQ) fp8_scales(p, warp, lane);
 #pragma unroll
     for (int a = 0; a < LK; ++a) k_off[a] = tc_k_ldm_offset<P, kLayout>(warp, lane, a);
 #pragma unroll
     for (int a = 0; a < LV; ++a) v_off[a] = tc_v_ldm_offset<P, kLayout>(warp, lane, a);
     return true;
+  }
+
+  /// After the prologue's barrier (init's q stores visible): this warp's q fragments by ldmatrix
+  /// (zero past D), then fp8's q conversion and scales. Every warp takes part (a barrier for fp8
+  /// with bf16 q).
+  __device__ __forceinline__ void ready(const DecodeParams& p) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    const int ks0 = (warp / NN) * KSW;
+    // ldmatrix .x4 of one k-step: lane l addresses row 8 (l / 8 % 2) + l % 8, chunk 2 ks + l / 16:
+    // registers (row g, cols 2t), (g + 8, 2t), (g, 8 + 2t), (g + 8, 8 + 2t), the A fragment.
+    const int lr = 8 * ((lane >> 3) & 1) + (lane & 7);
+    const uint4* row_chunks = reinterpret_cast<const uint4*>(q_stage()) + lr * kQChunks;
+#pragma unroll
+    for (int i = 0; kStagedQ && i < KSW; ++i) {
+      if (!kPaddedKSteps || ks0 + i < KS) {  // warp-uniform
+        dev::ldmatrix<4, false>(qa[i], dev::smem_addr(row_chunks + q_chunk(lr, 2 * (ks0 + i) + (lane >> 4))));
+      } else {
+        qa[i][0] = qa[i][1] = qa[i][2] = qa[i][3] = 0u;
+      }
+    }
+    if constexpr (kFp8 && kStagedQ) fp8_scales(p, warp, lane);
+  }
+
+  /// fp8: q converted to fp16 (bf16 q) and the row's scales, once q's fragments are loaded.
+  __device__ __forceinline__ void fp8_scales(const DecodeParams& p, int warp, int lane) {
+    // NOTE(graph): the scales are read from memory here, so a replay sees what was written last.
+    const int si = p.scale_per_head ? block_heads(p).kv_head : 0;
+    const float unshift = p.io_bf16 ? q_to_fp16(warp, lane >> 2, lane & 3, owned_row(warp, lane)) : 1.0f;  // block-uniform
+    scale2 = math::fp8_scale2(p.scale, __ldg(p.k_scale + si), unshift);
+    vscale = __ldg(p.v_scale + si);
   }
 
   /// Loads the a-th group of a list of N matrices (ldmatrix .x4, or .x2 for the last two) into
@@ -479,6 +542,7 @@ struct TensorCoreMath {
   __device__ __forceinline__ void finish(const DecodeParams& p) {
     oscale[0] = oscale[1] = 1.0f;
     if (p.write_partials || p.sinks == nullptr) return;
+    // static-report: begin sinks
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int warp = static_cast<int>(threadIdx.x) / 32;
     const int row = owned_row(warp, lane);
@@ -496,6 +560,7 @@ struct TensorCoreMath {
         lsum[h] = lsum[h] * sf.f + sf.term;  // f = 1 (exact) unless the sink raises the row's max
         oscale[h] = sf.f;
       }
+    // static-report: end sinks
   }
 
   /// After finish (poison_edge): row g or g + 8 of this lane becomes NaN (its l: output and V2
@@ -537,10 +602,12 @@ struct TensorCoreMath {
     const int t = lane & 3;
     const Rows r = rows(p);
     if (p.write_partials) {
+      // static-report: begin v2-write
       const int row = owned_row(warp, lane);
       if (lane % LPR == 0 && lane < P::kSoftmaxLanes && r.real(p, row))
         p.max_logits[math::partial_index(r.io_row(p, seq, row), r.head(p, row), part, p.num_q_heads, p.max_partitions)] =
             m * math::kLn2;  // back to natural logits for the merge
+      // static-report: end v2-write
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -550,6 +617,7 @@ struct TensorCoreMath {
       const int io = r.io_row(p, seq, row);
       const float l = lsum[h];
       if (p.write_partials) {
+        // static-report: begin v2-write
         const int64_t idx = math::partial_index(io, q_head, part, p.num_q_heads, p.max_partitions);
         if (warp == 0 && t == 0) p.exp_sums[idx] = kFp16 ? l * (1.0f / (1 << math::kTcWeightShiftFp16)) : l;
         float* dst = p.partial_out + idx * D;
@@ -571,7 +639,9 @@ struct TensorCoreMath {
                   float2{out_value(acc[i][2 * h], l), out_value(acc[i][2 * h + 1], l)};
           }
         }
+        // static-report: end v2-write
       } else {
+        // static-report: begin v1-write
         T* dst = static_cast<T*>(p.out) + static_cast<int64_t>(io) * p.out_stride + static_cast<int64_t>(q_head) * D;
         const float os = oscale[h];
         if constexpr (kFp8 && kLayout == KVLayout::kNHD) {
@@ -592,6 +662,7 @@ struct TensorCoreMath {
                   pack_out(p, out_value(acc[i][2 * h], l) * os, out_value(acc[i][2 * h + 1], l) * os);
           }
         }
+        // static-report: end v1-write
       }
     }
   }

@@ -16,6 +16,15 @@
 // SWITCH nodes are added to the caller's capture graph exactly as to ours (cuda_switch.cpp). No graph
 // of ours is captured, instantiated or launched then.
 //
+// Programmatic dependent launch (ExecutorConfig::programmatic_launch): the executor asks once
+// whether the device has it (compute capability 9.0+) and then flags every op; each op keeps the
+// flag only when every node the capture will make it depend on is a kernel node (ours or the
+// caller's): capture turns such a launch into programmatic edges (cudaGraphDependencyTypeProgrammatic,
+// which CUDA allows between kernel nodes only). After a staging copy, an event join, a SWITCH node,
+// or as the first node of a SWITCH branch (no dependency inside its body) the launch is plain: a
+// full dependency, exactly as without PDL. Our kernels wait (griddepcontrol.wait) before any global
+// access, so a programmatic edge from a caller's kernel is as safe as one from ours.
+//
 // Launch checks: an error that earlier CUDA work on this thread left pending is taken before each
 // of our launches and logged as not ours (clear_leftover), so it is neither blamed on a launch nor
 // cached as the SWITCH probe's answer (kernels/cuda_check.hpp).
@@ -29,6 +38,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -51,6 +61,8 @@ void log_leftover(cudaError_t err, const char* before) {
 CudaBackend::CudaBackend() {
   DG_CUDA_CHECK(cudaGetDevice(&device_));
   DG_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
+  DG_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, device_));
+  DG_CUDA_CHECK(cudaDeviceGetAttribute(&cc_minor_, cudaDevAttrComputeCapabilityMinor, device_));
   DG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   cur_ = last_ = stream_;
   cudaError_t err = cudaStreamCreateWithFlags(&branch_stream_, cudaStreamNonBlocking);
@@ -184,18 +196,51 @@ void CudaBackend::drain() noexcept {
 // A step body's own launches may run in between: what they left pending is logged first.
 void CudaBackend::attention_v1(const DecodeArgs& args) {
   clear_leftover("paged_attention_v1");
-  paged_attention_v1(args, rec());
+  DecodeArgs a = args;
+  a.programmatic_launch = args.programmatic_launch && after_kernel_nodes(rec());
+  paged_attention_v1(a, rec());
 }
 
+// The merge follows pass 1 on the same stream: always a kernel-to-kernel edge.
 void CudaBackend::attention_v2(const DecodeArgs& args, int partition_size, void* workspace,
                                std::size_t workspace_bytes) {
   clear_leftover("paged_attention_v2");
-  paged_attention_v2(args, partition_size, workspace, workspace_bytes, rec());
+  DecodeArgs a = args;
+  a.programmatic_launch = args.programmatic_launch && after_kernel_nodes(rec());
+  paged_attention_v2(a, partition_size, workspace, workspace_bytes, rec());
 }
 
 void CudaBackend::append(const AppendArgs& args) {
   clear_leftover("append_kv");
-  append_kv(args, rec());
+  AppendArgs a = args;
+  a.programmatic_launch = args.programmatic_launch && after_kernel_nodes(rec());
+  append_kv(a, rec());
+}
+
+bool CudaBackend::programmatic_launch_supported(std::string& why) const {
+  if (cc_major_ >= 9) return true;
+  why = "device " + std::to_string(device_) + " has compute capability " + std::to_string(cc_major_) + "." +
+        std::to_string(cc_minor_) + "; programmatic dependent launch needs 9.0 or newer";
+  return false;
+}
+
+// File comment, "Programmatic dependent launch". Outside a capture (never the case for the
+// executor's launches, which are all recorded) the runtime orders a launch after a non-kernel
+// fully by itself.
+bool CudaBackend::after_kernel_nodes(cudaStream_t s) const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;  // given, so that edge data on a dependency is no lossy query
+  std::size_t ndeps = 0;
+  DG_CUDA_CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, nullptr, &deps, &edges, &ndeps));
+  if (status != cudaStreamCaptureStatusActive) return true;
+  if (ndeps == 0) return false;  // the first node of a capture or of a SWITCH branch
+  for (std::size_t i = 0; i < ndeps; ++i) {
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    DG_CUDA_CHECK(cudaGraphNodeGetType(deps[i], &type));
+    if (type != cudaGraphNodeTypeKernel) return false;
+  }
+  return true;
 }
 
 void CudaBackend::host_work(std::function<void()>) {

@@ -83,6 +83,7 @@ class CudaBackend final : public Backend {
 
   // ------------------------------------------------------------ SWITCH nodes (cuda_switch.cpp)
   bool switch_supported(std::string& why) override;  // switch_probe.cpp
+  bool programmatic_launch_supported(std::string& why) const override;
   void band_select(const kernels::BandSelectParams& p) override;
   void begin_switch(int branches) override;
   bool begin_branch(int branch, int key) override;
@@ -92,6 +93,8 @@ class CudaBackend final : public Backend {
  private:
   graphs::Graph take_graph();
   static void clear_leftover(const char* before);
+  // Whether a launch on `s` may be programmatic (cuda_backend.cpp, "Programmatic dependent launch").
+  bool after_kernel_nodes(cudaStream_t s) const;
   // The top level of the capture being recorded: ours on the own stream, or the caller's.
   cudaStream_t top() const { return recording_caller_ ? cur_ : stream_; }
   // The stream ops are recorded on: the branch stream while a SWITCH branch is being captured.
@@ -105,6 +108,7 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int sms_ = 0;
+  int cc_major_ = 0, cc_minor_ = 0;  // compute capability, queried once (PDL needs 9.0)
   cudaStream_t stream_ = nullptr;
   cudaStream_t cur_ = nullptr;   // the running step's stream (stream_ between steps)
   cudaStream_t last_ = nullptr;  // the last finished step's stream; done_ marks its end unless it is stream_

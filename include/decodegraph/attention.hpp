@@ -92,6 +92,14 @@ struct DecodeArgs {
   /// caller can find the entry. The caller zeroes it and reads it after the launch; a non-zero value
   /// means that output rows computed from a bad id are wrong (they used a clamped block instead).
   int* bad_block = nullptr;
+
+  /// CUDA launchers: launch pass 1 (and V2's merge) with programmatic dependent launch (PDL,
+  /// cudaLaunchAttributeProgrammaticStreamSerialization), so each may start while the kernel before
+  /// it in the stream drains. Always correct: our kernels wait (griddepcontrol.wait) before any
+  /// global access. Useful on sm_90+ only (elsewhere the attribute is accepted and does nothing).
+  /// Off by default: an eager caller decides per stream; the executor sets it per launch
+  /// (ExecutorConfig::programmatic_launch). Host and reference implementations ignore it.
+  bool programmatic_launch = false;
 };
 
 /// Partitions a sequence of `len` tokens needs at partition size P.
@@ -179,6 +187,8 @@ struct AppendArgs {
   /// (((token / tokens_per_seq) * block_table_stride + column) + 1: its sequence's row), so both
   /// can share one int. The caller zeroes it and reads it after the launch.
   int* bad_slot = nullptr;
+  /// CUDA launcher: launch with programmatic dependent launch (DecodeArgs::programmatic_launch).
+  bool programmatic_launch = false;
 };
 void validate_append_args(const AppendArgs& args);
 

@@ -337,6 +337,16 @@ struct ExecutorConfig {
   ValidationLevel validation = ValidationLevel::kCheap;
   /// Attention-only step: append each layer's new K/V at slot_mapping before its attention.
   bool append_kv = true;
+  /// Programmatic dependent launch (PDL) inside the graphs: the append, pass 1 and the merge are
+  /// launched so that each may start while the kernel before it drains (captured as programmatic
+  /// edges). Each of them waits (griddepcontrol.wait) before it touches global memory, so this is
+  /// correct whatever runs before it, a kernel of the caller's included. In effect only on a CUDA
+  /// device of compute capability 9.0 or newer, and only where every upstream node of the launch is
+  /// a kernel node (after a copy, a SWITCH node or at the start of a SWITCH branch, the launch is
+  /// fully ordered as without PDL); stats().programmatic_launch says whether it is in effect and
+  /// programmatic_launch_note why not. false: every launch fully ordered. The speed-up is not
+  /// measured yet (docs/benchmarks.md, "Programmatic dependent launch").
+  bool programmatic_launch = true;
   /// Device memory the executor may use (static buffers + workspace + graphs); 0 = unlimited.
   /// Buffers are checked at construction, each graph at its capture (kUpFront: construction); a
   /// bucket whose graph does not fit throws on every step that needs it, without being recaptured.
@@ -516,6 +526,9 @@ struct ExecutorStats {
   std::vector<GraphStats> graphs;  // one per captured graph
   BandSelect band_select = BandSelect::kHost;  // the mode in effect (after any fallback)
   std::string band_select_note;  // why kDevice fell back to kHost; empty otherwise
+  /// ExecutorConfig::programmatic_launch in effect: requested, and the device has it (sm_90+).
+  bool programmatic_launch = false;
+  std::string programmatic_launch_note;  // why it is not in effect; empty otherwise
   int buckets = 0;           // q_lens x batch buckets x bands
   /// Graphs the mode needs (each captured at most once): kHost, one per distinct decided plan;
   /// kDevice, one per (q_len, batch bucket).

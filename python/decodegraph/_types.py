@@ -334,6 +334,7 @@ class ExecutorConfig:
     backend: BackendKind = BackendKind.AUTO
     validation: Optional[ValidationLevel] = None
     append_kv: bool = True
+    programmatic_launch: bool = True
     memory_budget_bytes: int = 0
     log_level: str = ""
     alibi_slopes: Optional[Sequence[float]] = None
@@ -545,6 +546,8 @@ class ExecutorStats:
     graphs: List[GraphStats]
     band_select: BandSelect
     band_select_note: str
+    programmatic_launch: bool
+    programmatic_launch_note: str
     buckets: int
     distinct_graphs: int
     distinct_plans: int

@@ -66,6 +66,7 @@ dg::ExecutorConfig config_from_py(nb::handle o) {
   c.backend = get<dg::BackendKind>(o, "backend");
   if (!o.attr("validation").is_none()) c.validation = get<dg::ValidationLevel>(o, "validation");
   c.append_kv = get<bool>(o, "append_kv");
+  c.programmatic_launch = get<bool>(o, "programmatic_launch");
   c.memory_budget_bytes = get<std::size_t>(o, "memory_budget_bytes");
   c.log_level = get<std::string>(o, "log_level");
   return c;
@@ -179,6 +180,8 @@ nb::dict to_py(const dg::ExecutorStats& s) {
   d["graphs"] = graphs;
   d["band_select"] = s.band_select;
   d["band_select_note"] = s.band_select_note;
+  d["programmatic_launch"] = s.programmatic_launch;
+  d["programmatic_launch_note"] = s.programmatic_launch_note;
   d["buckets"] = s.buckets;
   d["distinct_graphs"] = s.distinct_graphs;
   d["distinct_plans"] = s.distinct_plans;

@@ -1115,6 +1115,118 @@ void run_caller_capture_case(BandSelect band, int hint) {
 }
 #endif
 
+#if DECODEGRAPH_HAS_CUDA
+// The edges of a graph's top level by type (cudaGraphGetEdges with edge data, CUDA 12.3+). A
+// programmatic edge must join two kernel nodes from the programmatic port (driver_types.h,
+// cudaGraphDependencyTypeProgrammatic); `bad` counts those that do not.
+struct EdgeCount {
+  int programmatic = 0, plain = 0, bad = 0;
+};
+EdgeCount count_edges(cudaGraph_t g) {
+  EdgeCount c;
+  std::size_t n = 0;
+  EXPECT_EQ(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  EXPECT_EQ(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n), cudaSuccess);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (data[i].type != cudaGraphDependencyTypeProgrammatic) {
+      ++c.plain;
+      continue;
+    }
+    ++c.programmatic;
+    cudaGraphNodeType a = cudaGraphNodeTypeEmpty, b = cudaGraphNodeTypeEmpty;
+    EXPECT_EQ(cudaGraphNodeGetType(from[i], &a), cudaSuccess);
+    EXPECT_EQ(cudaGraphNodeGetType(to[i], &b), cudaSuccess);
+    c.bad += a != cudaGraphNodeTypeKernel || b != cudaGraphNodeTypeKernel ||
+             data[i].from_port != cudaGraphKernelNodePortProgrammatic;
+  }
+  return c;
+}
+
+// ExecutorConfig::programmatic_launch on and off: the same two-layer V2 step recorded into a
+// caller's capture (which hands over the cudaGraph_t; a q copy first, as a caller's projection
+// would be), replayed, outputs bitwise equal; with PDL in effect the graph holds exactly the
+// kernel-to-kernel edges as programmatic ones: merge after pass 1 in each layer, and layer 1's pass
+// 1 after layer 0's merge (layer 0's pass 1 follows copies: a plain edge). Under kDevice the
+// launches sit in SWITCH bodies: no programmatic edge may touch the top level's conditional nodes.
+void run_pdl_case(BandSelect band) {
+  constexpr int kLayers = 2, kSeqs = 3, kMaxLen = 2048;
+  std::unique_ptr<GpuWorld> worlds[2];
+  std::unique_ptr<Executor> ex[2];
+  cudaGraph_t graphs[2] = {};
+  cudaGraphExec_t execs[2] = {};
+  cudaStream_t s = nullptr;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  worlds[0] = std::make_unique<GpuWorld>(gpu_spec(), kLayers, 4, kMaxLen, 515);
+  FixedDeviceInputs fixed(worlds[0]->w, kSeqs);
+  worlds[0]->w.set_lens({1500, 9, 2048});  // V2 (threshold 1024), a short row, the band's edge
+  fixed.fill(worlds[0]->w);
+  const std::size_t qb = worlds[0]->w.q_elems(kSeqs) * dtype_size(worlds[0]->w.spec.dtype);
+  DevBuf q_src(qb);
+  std::vector<char> q(qb);
+  dgtest::fill_uniform(worlds[0]->w.spec.dtype, q.data(), worlds[0]->w.q_elems(kSeqs), worlds[0]->w.rng);
+  upload(q_src.p, q.data(), qb);
+  for (int pdl = 0; pdl < 2; ++pdl) {
+    if (pdl) {  // the same caches, lengths and tables
+      worlds[1] = std::make_unique<GpuWorld>(gpu_spec(), kLayers, 4, kMaxLen, 515);
+      worlds[1]->w.set_lens({1500, 9, 2048});
+    }
+    ExecutorConfig c = worlds[pdl]->config(4, kMaxLen);
+    c.policy = KernelPolicy::kThreshold;
+    c.v2_threshold = 1024;
+    c.band_select = band;
+    c.programmatic_launch = pdl != 0;
+    ex[pdl] = std::make_unique<Executor>(c);
+    if (band == BandSelect::kDevice && ex[pdl]->band_select() != BandSelect::kDevice)
+      GTEST_SKIP() << "conditional SWITCH nodes unavailable: " << ex[pdl]->stats().band_select_note;
+    const ExecutorStats st = ex[pdl]->stats();
+    EXPECT_EQ(ex[pdl]->config().programmatic_launch, pdl != 0);
+    if (!pdl) EXPECT_FALSE(st.programmatic_launch);
+    if (!st.programmatic_launch) EXPECT_FALSE(st.programmatic_launch_note.empty());
+    std::cout << "[driver] programmatic_launch " << (pdl ? "requested" : "off") << ": "
+              << (st.programmatic_launch ? "in effect" : st.programmatic_launch_note) << "\n";
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int l = 0; l < kLayers; ++l)
+      CK(cudaMemcpyAsync(ex[pdl]->query(l), q_src.p, qb, cudaMemcpyDeviceToDevice, s));
+    EXPECT_NO_THROW(ex[pdl]->step(fixed.inputs(kMaxLen), s));
+    CK(cudaStreamEndCapture(s, &graphs[pdl]));
+    ASSERT_NE(graphs[pdl], nullptr);
+    const EdgeCount e = count_edges(graphs[pdl]);
+    EXPECT_EQ(e.bad, 0) << "a programmatic edge that does not join two kernel nodes";
+    const int expected = band == BandSelect::kHost && st.programmatic_launch ? 2 * kLayers - 1 : 0;
+    EXPECT_EQ(e.programmatic, expected) << "pdl " << pdl << ", plain edges " << e.plain;
+    CK(cudaGraphInstantiate(&execs[pdl], graphs[pdl], 0));
+    CK(cudaGraphLaunch(execs[pdl], s));
+    CK(cudaStreamSynchronize(s));
+  }
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(dgtest::bitwise_equal_on_device(ex[0]->output(l), ex[1]->output(l), qb))
+        << "layer " << l << ": PDL changed the output";
+    EXPECT_TRUE(worlds[1]->check(*ex[1], l, q.data())) << "layer " << l;
+  }
+  for (int i = 0; i < 2; ++i) {
+    CK(cudaGraphExecDestroy(execs[i]));
+    CK(cudaGraphDestroy(graphs[i]));
+  }
+  CK(cudaStreamDestroy(s));
+}
+#endif
+
+TEST(ExecutorGpu, ProgrammaticLaunchAddsProgrammaticEdgesAndKeepsTheOutputsBitwise) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  run_pdl_case(BandSelect::kHost);
+#endif
+}
+
+TEST(ExecutorGpu, ProgrammaticLaunchInSwitchGraphsKeepsTheOutputsBitwise) {
+  DG_REQUIRE_GPU();
+#if DECODEGRAPH_HAS_CUDA
+  run_pdl_case(BandSelect::kDevice);
+#endif
+}
+
 TEST(ExecutorGpu, StepInsideTheCallersCaptureChoosesTheBandAtEachReplay) {
   DG_REQUIRE_GPU();
 #if DECODEGRAPH_HAS_CUDA

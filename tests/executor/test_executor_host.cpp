@@ -749,3 +749,30 @@ TEST(ExecutorHost, MemoryIsAccountedAndTheBudgetEnforced) {
 }
 
 }  // namespace
+
+// ExecutorConfig::programmatic_launch: on by default; the host backend has nothing to overlap, so
+// it is never in effect there, and stats() says why (requested or turned off). The same outputs
+// either way (the flag only changes how CUDA launches are ordered).
+TEST(ExecutorHost, ProgrammaticLaunchIsOnByDefaultAndReportedNotInEffectOnTheHost) {
+  EXPECT_TRUE(ExecutorConfig{}.programmatic_launch);
+  EXPECT_FALSE(DecodeArgs{}.programmatic_launch) << "the eager API leaves PDL to its caller";
+  EXPECT_FALSE(AppendArgs{}.programmatic_launch);
+  const AttentionSpec s = small_spec();
+  std::vector<std::vector<char>> outs;
+  for (bool pdl : {true, false}) {
+    World w(s, 2, 3, 1024, 5);
+    ExecutorConfig c = w.config(3, 1024);
+    c.backend = BackendKind::kHost;
+    c.programmatic_launch = pdl;
+    Executor ex(c);
+    EXPECT_EQ(ex.config().programmatic_launch, pdl);
+    const ExecutorStats st = ex.stats();
+    EXPECT_FALSE(st.programmatic_launch);
+    EXPECT_NE(st.programmatic_launch_note.find(pdl ? "host backend" : "programmatic_launch = false"), std::string::npos)
+        << st.programmatic_launch_note;
+    w.set_lens({700, 3, 1024});
+    w.fill_step(ex);
+    ex.step(w.inputs());
+    for (int l = 0; l < 2; ++l) ASSERT_TRUE(w.check_layer(ex, l)) << "pdl " << pdl << " layer " << l;
+  }
+}

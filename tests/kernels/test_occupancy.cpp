@@ -192,3 +192,14 @@ TEST(Occupancy, ModelMatchesTheStaticReport) {
     EXPECT_EQ(r.smem, dg::detail::CostConstants{}.merge_smem_bytes) << r.kernel;
   }
 }
+
+// The pass-1 kernel finds a block's KV head as grid y / head_chunks with small_div (a multiply, not
+// a ~20-instruction division); it must be exact wherever grid y and the divisor can be (< 2^16).
+TEST(Pass1Policy, SmallDivIsExactBelow2To16) {
+  for (int d : {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 63, 255, 4097, 65535}) {
+    const uint64_t m = dg::kernels::small_div_magic(d);
+    int wrong = 0;
+    for (int y = 0; y < 65536; ++y) wrong += dg::kernels::small_div(y, m) != y / d;
+    EXPECT_EQ(wrong, 0) << "divisor " << d;
+  }
+}

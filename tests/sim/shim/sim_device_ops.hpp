@@ -12,6 +12,8 @@
 // ex2.approx.ftz.f32 at its documented 2-ulp worst, rcp rcp.approx.ftz.f32 at its 1-ulp worst. The fp8 -> fp16 conversions are exact, as the
 // hardware's cvt.rn.f16x2.{e4m3x2,e5m2x2} are (every fp8 value is an fp16 value); the two 8-byte
 // cp.async halves of one chunk are one copy of the chunk for the visibility model.
+// griddepcontrol.wait / .launch_dependents: the programmatic-dependent-launch model
+// (sim_runtime.cpp, "programmatic dependent launch").
 #pragma once
 
 #include <cmath>
@@ -26,7 +28,10 @@
 
 namespace decodegraph::kernels::dev {
 
-inline uint64_t evict_first_policy() { return 0; }  // no cache model: the hint is accepted and ignored
+inline uint64_t evict_first_policy() { return 0; }
+
+inline void grid_dependency_wait() { sim::grid_dependency_wait(); }
+inline void launch_dependents() { sim::launch_dependents(); }  // no cache model: the hint is accepted and ignored
 
 // `site` (the caller's line) identifies the instruction for the bank-conflict check.
 inline void cp_async_16(void* dst, const void* src, int src_bytes, uint64_t /*policy*/,

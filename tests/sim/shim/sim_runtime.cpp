@@ -3,12 +3,14 @@
 #include "decodegraph/numeric.hpp"
 
 #include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -39,7 +41,10 @@ const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuc
 const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int* n) { *n = 1; return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  sim::flush();
+  return cudaSuccess;
+}
 
 namespace {
 struct Alloc { char* base; size_t map_bytes; size_t n; };
@@ -60,14 +65,25 @@ cudaError_t cudaMalloc(void** p, size_t n) {
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
+  sim::flush();  // a deferred launch may still use it
   auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
   if (it == g_allocs.end()) return cudaSuccess;
   munmap(it->second.base, it->second.map_bytes);
   g_allocs.erase(it);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) { memcpy(d, s, n); return cudaSuccess; }
-cudaError_t cudaMemset(void* d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
+// A copy or a fill is stream-ordered after every launch before it, and is no kernel: a programmatic
+// launch after it is fully ordered (CUDA serializes it), so the deferred launch runs first.
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
+  sim::flush();
+  memcpy(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* d, int v, size_t n) {
+  sim::flush();
+  memset(d, v, n);
+  return cudaSuccess;
+}
 
 namespace sim {
 namespace {
@@ -191,6 +207,144 @@ void wait_past(const long& gen, long g) {
   cur->park_gen = g;
   while (gen == g) yield();
   cur->park = nullptr;
+}
+
+// ---------------------------------------------------------------- programmatic dependent launch
+// A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while the
+// kernel before it in the stream still runs (PTX ISA, "griddepcontrol": .wait blocks the thread
+// until the prerequisite grids have completed and their memory operations are visible). The model
+// shows a dependent the predecessor's memory as the worst legal schedule does:
+//  - Every stream launch is deferred (enqueue) until the next launch or runtime call. When the next
+//    one is programmatic, the deferred predecessor runs first, its global writes found by comparing
+//    every allocation before and after it (bytes it wrote with the value they held are unseen).
+//  - Then, in every block of the dependent, those bytes hold 0xff (NaN for floats, -1 for ints) and
+//    every allocation is read-only until the predecessor "completes": when a thread is parked at
+//    griddepcontrol.wait and no other thread of the block can move (all parked or exited), the
+//    bytes come back and the waiting threads go on. So all the code a block can run before its wait
+//    runs against unwritten data: a read hoisted above the wait reads poison, a store faults.
+//  - A block that ends with no thread past the wait fails: its grid could then complete before its
+//    predecessor, and a programmatic successor's wait would no longer order it after that one.
+// After a non-kernel operation (cudaMemcpy, cudaMemset) a programmatic launch is fully ordered, as
+// CUDA orders it, and its wait returns at once. launch_dependents only counts: it is a scheduling
+// hint that never changes what memory a wait sees.
+struct Range {
+  unsigned char* p;
+  size_t n;
+};
+struct Deferred {
+  std::function<void()> fn;
+  dim3 grid, block;
+  size_t smem = 0;
+  bool modelled = false;       // programmatic, after a kernel: run the model
+  std::vector<Range> written;  // what the predecessor wrote
+};
+std::optional<Deferred> g_deferred;
+const std::vector<Range>* g_pdl_written = nullptr;  // non-null while a modelled launch runs
+std::vector<unsigned char> g_pdl_saved;
+bool g_pdl_before = false;     // the running block's predecessor has not completed
+bool g_pdl_protected = false;  // allocations read-only
+long g_pdl_gen = 0;            // moves when the predecessor completes for the running block
+PdlCounts g_pdl_counts;
+
+bool in_allocation(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (const auto& [user, al] : g_allocs)
+    if (a >= reinterpret_cast<uintptr_t>(al.base) + 4096 && a < reinterpret_cast<uintptr_t>(al.base) + al.map_bytes - 4096)
+      return true;
+  return false;
+}
+void pdl_segv(int, siginfo_t* si, void*) {
+  if (g_pdl_protected && in_allocation(si->si_addr)) {
+    fprintf(stderr,
+            "SIM FAILURE: a store to global memory (%p) before griddepcontrol.wait at %s: the predecessor "
+            "grid may still read or write it\n",
+            si->si_addr, where().c_str());
+    fflush(stderr);
+    abort();
+  }
+  signal(SIGSEGV, SIG_DFL);  // not the model's: the access faults again, with the default action
+}
+void protect_allocations(bool read_only) {
+  if (read_only) {
+    static const bool installed = [] {
+      struct sigaction sa {};
+      sa.sa_sigaction = pdl_segv;
+      sa.sa_flags = SA_SIGINFO;
+      sigemptyset(&sa.sa_mask);
+      return sigaction(SIGSEGV, &sa, nullptr) == 0;
+    }();
+    if (!installed) fail("PDL model: cannot install the SIGSEGV handler");
+  }
+  for (const auto& [user, al] : g_allocs)
+    if (mprotect(al.base + 4096, al.map_bytes - 2 * 4096, read_only ? PROT_READ : PROT_READ | PROT_WRITE) != 0)
+      fail("PDL model: mprotect failed");
+  g_pdl_protected = read_only;
+}
+// A block of a modelled launch starts: the predecessor still runs.
+void pdl_block_begin() {
+  size_t total = 0;
+  for (const Range& r : *g_pdl_written) total += r.n;
+  g_pdl_saved.resize(total);
+  size_t off = 0;
+  for (const Range& r : *g_pdl_written) {
+    memcpy(g_pdl_saved.data() + off, r.p, r.n);  // the predecessor's bytes, and earlier blocks' stores
+    memset(r.p, 0xff, r.n);
+    off += r.n;
+  }
+  protect_allocations(true);
+  g_pdl_before = true;
+}
+// The predecessor completes (for the running block).
+void pdl_release() {
+  protect_allocations(false);
+  size_t off = 0;
+  for (const Range& r : *g_pdl_written) {
+    memcpy(r.p, g_pdl_saved.data() + off, r.n);
+    off += r.n;
+  }
+  g_pdl_before = false;
+  ++g_pdl_gen;
+}
+// Every allocation's bytes, to find what a kernel writes.
+struct Snapshot {
+  std::vector<std::pair<Alloc, std::vector<unsigned char>>> allocs;
+  unsigned char* user(const Alloc& a) const { return reinterpret_cast<unsigned char*>(a.base) + a.map_bytes - 4096 - a.n; }
+};
+Snapshot snapshot() {
+  size_t total = 0;
+  for (const auto& [user, al] : g_allocs) total += al.n;
+  if (total > (size_t{1} << 31))
+    fail("PDL model: more than 2 GiB allocated; a programmatic launch needs a copy of every allocation");
+  Snapshot s;
+  for (const auto& [user, al] : g_allocs) {
+    const auto* u = reinterpret_cast<const unsigned char*>(user);
+    s.allocs.emplace_back(al, std::vector<unsigned char>(u, u + al.n));
+  }
+  return s;
+}
+// The 4-byte words (allocations are 16-byte aligned and sized) whose bytes changed: a store of an
+// element whose low byte held that value already is still poisoned whole. A word the kernel
+// rewrote with the value it held is not found (no output of such a write can differ either).
+std::vector<Range> written_since(const Snapshot& s) {
+  std::vector<Range> out;
+  for (const auto& [al, before] : s.allocs) {
+    unsigned char* u = s.user(al);
+    for (size_t i = 0; i < al.n;) {
+      const size_t block = std::min<size_t>(64, al.n - i);
+      if (memcmp(u + i, before.data() + i, block) == 0) {
+        i += block;
+        continue;
+      }
+      for (const size_t e = i + block; i < e; i += 4) {
+        if (memcmp(u + i, before.data() + i, 4) == 0) continue;
+        if (!out.empty() && out.back().p + out.back().n == u + i)
+          out.back().n += 4;
+        else
+          out.push_back(Range{u + i, 4});
+      }
+    }
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------- cp.async visibility
@@ -448,7 +602,10 @@ void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
   warp_collective(bf16 ? kKindMmaBf16 : kKindMmaF16, site, &v, sizeof v, d, sizeof d, mma_compute, bf16 ? 1 : 0);
 }
 
-long mma_count() { return g_mma_count; }
+long mma_count() {
+  flush();
+  return g_mma_count;
+}
 
 void set_order(Order o) { g_order = o; }
 const char* order_name() {
@@ -733,7 +890,56 @@ void cp_async_wait(int n) {
   cs.resize(keep);
 }
 
+namespace {
+void run_now(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem, const std::vector<Range>* written);
+}  // namespace
+
 void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem) {
+  flush();
+  run_now(fn, grid, block, smem, nullptr);
+}
+
+void enqueue(std::function<void()> fn, dim3 grid, dim3 block, size_t smem, bool programmatic) {
+  Deferred next{std::move(fn), grid, block, smem, false, {}};
+  if (g_deferred && programmatic) {  // after a kernel: the model (see "programmatic dependent launch")
+    const Snapshot before = snapshot();
+    flush();
+    next.modelled = true;
+    next.written = written_since(before);
+  } else {
+    flush();
+  }
+  g_deferred = std::move(next);
+}
+
+void flush() {
+  if (!g_deferred) return;
+  Deferred d = std::move(*g_deferred);
+  g_deferred.reset();
+  if (d.modelled) ++g_pdl_counts.modelled_launches;
+  run_now(d.fn, d.grid, d.block, d.smem, d.modelled ? &d.written : nullptr);
+}
+
+void grid_dependency_wait() {
+  if (g_pdl_written == nullptr || !g_pdl_before) return;  // not modelled, or the predecessor is done
+  ++g_pdl_counts.held_waits;
+  ++progress;
+  wait_past(g_pdl_gen, g_pdl_gen);
+}
+
+void launch_dependents() { ++g_pdl_counts.triggers; }
+
+PdlCounts pdl_counts() {
+  flush();
+  return g_pdl_counts;
+}
+
+namespace {
+void run_now(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem, const std::vector<Range>* written) {
+  g_pdl_written = written;
+  struct Clear {
+    ~Clear() { g_pdl_written = nullptr; }
+  } clear;
   if (block.y != 1 || block.z != 1 || smem != 0) fail("simulator handles 1-D blocks without dynamic smem");
   nthreads = static_cast<int>(block.x);
   if (nthreads <= 0 || nthreads > 1024) fail("bad block size");
@@ -790,6 +996,7 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
       f.uc.uc_link = nullptr;
       makecontext(&f.uc, trampoline, 0);
     }
+    if (written) pdl_block_begin();
     int done = 0;
     while (done < nthreads) {
       if (mode == 2) std::shuffle(order.begin(), order.end(), rng);
@@ -813,6 +1020,14 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
         leave(t);
         if (f.done) ++done;
       }
+      if (done < nthreads && progress == before && g_pdl_before) {
+        bool held = false;  // a thread waits for the predecessor, and no thread can move without it
+        for (int t = 0; t < nthreads; ++t) held |= !fibers[t].done && fibers[t].park == &g_pdl_gen;
+        if (held) {
+          pdl_release();
+          continue;
+        }
+      }
       if (done < nthreads && progress == before) {
         int exited = 0;
         for (int t = 0; t < nthreads; ++t) exited += fibers[t].done;
@@ -823,7 +1038,14 @@ void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem)
       }
     }
     if (bar_arrived != 0) fail("block ended with threads at a barrier");
+    if (written && g_pdl_before) {
+      pdl_release();
+      fail("block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+           ") of a programmatic launch ended with no thread past griddepcontrol.wait: its grid could complete "
+           "before its predecessor, and its reads ran against memory the predecessor had not written");
+    }
     check_banks();
   }
 }
+}  // namespace
 }  // namespace sim

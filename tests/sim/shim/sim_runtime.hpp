@@ -5,7 +5,10 @@
 // order; between sync points threads run forward, reverse or shuffled (DECODEGRAPH_SIM_ORDER or
 // sim::set_order); __shared__ arrays are NaN-filled per block; __ldg is checked against the
 // allocation bounds and alignment; cp.async copies are deferred to their wait and visible to other
-// threads only after a barrier (sim_device_ops.hpp, sim_runtime.cpp "cp.async visibility").
+// threads only after a barrier (sim_device_ops.hpp, sim_runtime.cpp "cp.async visibility");
+// programmatic dependent launch (cudaLaunchKernelEx with the programmatic stream serialization
+// attribute) runs the dependent's code before its griddepcontrol.wait against memory its
+// predecessor has not written yet (sim_runtime.cpp, "programmatic dependent launch").
 #pragma once
 #define DECODEGRAPH_SIM 1  // the tests check this to be sure the shims, not the toolkit, were found
 #include <cmath>
@@ -43,6 +46,18 @@ cudaError_t cudaFree(void*);
 cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind);
 cudaError_t cudaMemset(void*, int, size_t);
 cudaError_t cudaDeviceSynchronize();
+
+// cudaLaunchKernelEx's subset the launchers use (kernels/kernel_launch.hpp): grid, block, stream and
+// the programmatic stream serialization attribute (PDL); any other attribute fails the test.
+enum cudaLaunchAttributeID { cudaLaunchAttributeIgnore = 0, cudaLaunchAttributeProgrammaticStreamSerialization = 6 };
+union cudaLaunchAttributeValue {
+  unsigned int programmaticStreamSerializationAllowed;
+  char pad[64];
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
 // The simulator has no SM model: one resident block, so callers see a valid (if pessimistic) answer.
 template <typename K>
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t) {
@@ -103,8 +118,25 @@ long mma_count();
 enum class Order { kFromEnv, kForward, kReverse, kShuffle };
 void set_order(Order o);
 const char* order_name();
-// Runs fn once per thread of every block.
+// Runs fn once per thread of every block, now (after any launch still deferred: see enqueue).
 void launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t smem);
+// Programmatic dependent launch (sim_runtime.cpp, "programmatic dependent launch"). A stream launch
+// (sim_launch, cudaLaunchKernelEx) is deferred until the next launch, runtime call (cudaMemcpy,
+// cudaMemset, cudaFree, cudaDeviceSynchronize) or flush(). When the next launch is programmatic,
+// the deferred kernel runs first with its global writes recorded, and then, in every block of the
+// dependent, those bytes read as 0xff poison and every allocation is read-only until a thread of
+// the block reaches griddepcontrol.wait (as late as the block's other threads allow: the wait
+// returns only once every other thread is parked or exited). A store before the wait, or a block
+// that ends without any thread waiting, fails the test.
+void enqueue(std::function<void()> fn, dim3 grid, dim3 block, size_t smem, bool programmatic);
+void flush();
+void grid_dependency_wait();
+void launch_dependents();
+// Launches so far that ran the PDL model, waits that had to hold a block back, triggers issued.
+struct PdlCounts {
+  long modelled_launches = 0, held_waits = 0, triggers = 0;
+};
+PdlCounts pdl_counts();
 }  // namespace sim
 
 inline void __syncthreads(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
@@ -136,5 +168,29 @@ void sim_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t, cons
   if (block.x * block.y * block.z > 1024 || grid.y > 65535 || grid.z > 65535) {
     sim::fail("invalid launch configuration");
   }
-  sim::launch([&] { kernel(params); }, grid, block, smem);
+  sim::enqueue([kernel, params] { kernel(params); }, grid, block, smem, false);
+}
+
+struct cudaLaunchConfig_t {
+  dim3 gridDim, blockDim;
+  size_t dynamicSmemBytes = 0;
+  cudaStream_t stream = nullptr;
+  cudaLaunchAttribute* attrs = nullptr;
+  unsigned int numAttrs = 0;
+};
+// The runtime's C++ template (cuda_runtime.h): the arguments are copied at the launch, as CUDA does.
+template <typename... Exp, typename... Act>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(Exp...), Act&&... args) {
+  bool programmatic = false;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    if (config->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization)
+      programmatic = config->attrs[i].val.programmaticStreamSerializationAllowed != 0;
+    else if (config->attrs[i].id != cudaLaunchAttributeIgnore)
+      sim::fail("cudaLaunchKernelEx: a launch attribute the simulator does not model");
+  }
+  const dim3 grid = config->gridDim, block = config->blockDim;
+  if (block.x * block.y * block.z > 1024 || grid.y > 65535 || grid.z > 65535) sim::fail("invalid launch configuration");
+  std::function<void()> fn = [kernel, ... a = static_cast<std::decay_t<Exp>>(args)] { kernel(a...); };
+  sim::enqueue(std::move(fn), grid, block, config->dynamicSmemBytes, programmatic);
+  return cudaSuccess;
 }
