@@ -216,6 +216,11 @@ int issue31() {
   // The kernels after the cuts issue 31 asks for (another change, not this one): at most ~400
   // warp-instructions outside the main loop per warp, fp8's loop at <= 0.15 per byte. A what-if on
   // today's plans, not a prediction of any kernel that exists.
+  // The kernels issue 31 analysed, before its cut: 1,430 warp-instructions per warp outside the loop
+  // (its 880 + 550), a 940-instruction merge chain. Today's plans re-scored.
+  CostConstants pre = k;
+  pre.outside_instr_override = 1430;
+  pre.merge_chain_instr = 940;
   CostConstants cut = k;
   cut.outside_instr_override = 400;
   CostConstants cut_fp8 = cut;
@@ -254,28 +259,35 @@ int issue31() {
   std::printf(
       "Output of `build-host/bench/plan_report` (bench/plan_report.cpp). **Predictions** of the planner's cost\n"
       "model (executor/cost_model.hpp, docs/planning.md \"The cost model\"), not measurements: no GPU has run\n"
-      "these plans. Its instruction figures come from the static report (scripts/kernel_report.sh:\n"
-      "instructions per KV byte of each kernel's main loop from bench/results/static/after-edges.json; the\n"
-      "instructions outside the loop, %.0f per warp, and the merge's chain, %.0f, from issue 31's reading of\n"
-      "the SASS until the report carries them). One layer (gpt-oss: one windowed and one full layer), every\n"
+      "these plans. Its instruction figures come from the static report (scripts/kernel_report.sh,\n"
+      "bench/results/static/after-fixed.json): each kernel's main-loop instructions per KV byte and its\n"
+      "instructions per warp outside the tiles (bf16 head 128 vLLM: %.0f on the V2 path), the merge's\n"
+      "chain (%.0f). One layer (gpt-oss: one windowed and one full layer), every\n"
       "sequence at the length shown, the host device model (132 SMs x the pass-1 kernel's occupancy), kAuto's\n"
       "plan. Roof share = bench's bytes model / (time x %.0f GB/s).\n\n",
-      dg::detail::pass1_instr_row(dg::DType::kBFloat16, false, true, 128).outside_per_warp, k.merge_chain_instr,
+      [] {
+        const auto r = dg::detail::pass1_instr_row(dg::DType::kBFloat16, false, true, 128);
+        return r.vllm.prologue + r.vllm.epilogue_v2;
+      }(),
+      k.merge_chain_instr,
       k.read_gbs);
   std::printf("Columns: \"planner\" and \"SASS\" are issue 31's (the planner before this model, and the issue's static\n"
-              "analysis), quoted; \"model\" is this model with today's kernels, broken down into the main loop (of it,\n"
-              "what the issue cap adds), the blocks' fixed phases, the merge and the launch gaps; \"cut\" re-scores the\n"
-              "same plan as if the kernels had been cut to issue 31's aims (400 warp-instructions outside the loop per\n"
-              "warp; fp8's loop at 0.15 per byte): a what-if, not a kernel that exists.\n\n");
-  std::printf("| shape | plan | loop us | (issue) | fixed us | merge us | launch us | total us | planner %% | SASS %% | model %% | cut %% | target %% |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+              "analysis of the kernels then), quoted; \"pre-cut\" is this model fed the figures of those kernels (1,430\n"
+              "instructions outside the loop, a 940-instruction merge chain), on today's plans; \"model\" is this model\n"
+              "with today's kernels (after-fixed.json), broken down into the main loop (of it, what the issue cap\n"
+              "adds), the blocks' fixed phases, the merge and the launch gaps; \"aims\" re-scores the same plan as if\n"
+              "the kernels met issue 31's aims (400 warp-instructions outside the loop per warp; fp8's loop at 0.15\n"
+              "per byte): a what-if, not a kernel that exists.\n\n");
+  std::printf("| shape | plan | loop us | (issue) | fixed us | merge us | launch us | total us | planner %% | SASS %% | pre-cut %% | model %% | aims %% | target %% |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Row& r : rows) {
     const Sum m = predict(r.layers, r.batch, r.len, k);
     const CostConstants& ck = r.fp8 ? cut_fp8 : cut;
     const Sum c = predict(r.layers, r.batch, r.len, ck);
-    std::printf("| %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s | %.1f | %.1f | %s |\n", r.name,
+    const Sum b = predict(r.layers, r.batch, r.len, pre);
+    std::printf("| %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s | %.1f | %.1f | %.1f | %s |\n", r.name,
                 m.plan.c_str(), m.loop, m.issue, m.fixed, m.merge, m.launch, m.us, r.planner, r.sass,
-                100 * m.share(k), 100 * c.share(ck), r.target);
+                100 * b.share(pre), 100 * m.share(k), 100 * c.share(ck), r.target);
   }
   // Every long-context bucket of llama3-8b bf16 (vLLM), batch 1-64: the lowest of the three scored lengths.
   double worst = 1, worst_cut = 1;
@@ -289,8 +301,8 @@ int issue31() {
     }
   }
   std::printf("\nEvery llama3-8b bf16 bucket with band_lo >= 8192 (batch buckets 1-64), at its band's lower edge,\n"
-              "middle and upper edge: lowest predicted roof share %.1f %% (batch %d, band (%d, %d], %s); with the cut\n"
-              "kernels %.1f %%; issue 31's target >= 90 %%.\n",
+              "middle and upper edge: lowest predicted roof share %.1f %% (batch %d, band (%d, %d], %s); at issue\n"
+              "31's aims %.1f %%; issue 31's target >= 90 %%.\n",
               100 * worst, at ? at->batch : 0, at ? at->band_lo : 0, at ? at->band_hi : 0, at ? label(*at).c_str() : "-",
               100 * worst_cut);
   return 0;

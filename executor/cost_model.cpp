@@ -37,67 +37,62 @@ struct InstrRow {
   Family family;
   DType q;  // kFloat16 for the fp8 rows (the report compiles fp8 caches with fp16 q; bf16 q is taken as the same)
   int d;
-  double vllm, vllm_nocap, nhd, nhd_nocap;
+  Pass1InstrRow::Layout vllm, nhd;
 };
 
-// The main loop's warp-instructions per K+V byte of a block (the static report's
-// `warp_instr_per_kv_byte`, with and without the soft-cap's block: `_nocap`), per pass-1 kernel,
-// at four warps: the CUDA-core kernel runs one warp per query head of its chunk (at least four), each
-// with the same loop, so its figure scales with warps / 4 (the report's fp32 GQA 8 and 4 x 4 rows are
-// 2x and 4x its GQA 1 row). Read off bench/results/static/after-edges.json (scripts/kernel_report.sh
-// --json); CostModel.InstructionTableMatchesTheStaticReport fails until this table matches the report
-// it reads. To be replaced by decode_loop's measured issue-bound rate (issue_efficiency's note).
+// Per pass-1 kernel and layout, read off bench/results/static/after-fixed.json (scripts/kernel_report.sh
+// --json; CostModel.InstructionTableMatchesTheStaticReport fails until this table matches the report it
+// reads): the main loop's warp-instructions per K+V byte of a block (`warp_instr_per_kv_byte`, and
+// `_nocap` without the soft-cap's block), at four warps: the CUDA-core kernel runs one warp per query
+// head of its chunk (at least four), each with the same loop, so its figure scales with warps / 4 (the
+// report's fp32 GQA 8 and 4 x 4 rows are 2x and 4x its GQA 1 row); then the warp-instructions per warp
+// outside the tiles (`prologue_instr`, `epilogue_instr` on the V2 path, `epilogue_instr_v1`; the same
+// at every group). To be replaced by decode_loop's measurements: the issue-bound rate
+// (issue_efficiency's note) and the fixed phase (block_latency_us's).
 constexpr InstrRow kInstrRows[] = {
-    {Family::kCudaCore, DType::kBFloat16, 64, 0.265, 0.265, 0.244, 0.244},
-    {Family::kCudaCore, DType::kBFloat16, 80, 0.462, 0.462, 0.448, 0.448},
-    {Family::kCudaCore, DType::kBFloat16, 96, 0.385, 0.385, 0.373, 0.373},
-    {Family::kCudaCore, DType::kBFloat16, 112, 0.33, 0.33, 0.319, 0.319},
-    {Family::kCudaCore, DType::kBFloat16, 128, 0.269, 0.269, 0.246, 0.246},
-    {Family::kCudaCore, DType::kBFloat16, 192, 0.385, 0.385, 0.371, 0.371},
-    {Family::kCudaCore, DType::kBFloat16, 256, 0.268, 0.268, 0.247, 0.247},
-    {Family::kCudaCore, DType::kFloat16, 64, 0.268, 0.268, 0.233, 0.233},
-    {Family::kCudaCore, DType::kFloat16, 80, 0.462, 0.462, 0.448, 0.448},
-    {Family::kCudaCore, DType::kFloat16, 96, 0.385, 0.385, 0.373, 0.373},
-    {Family::kCudaCore, DType::kFloat16, 112, 0.33, 0.33, 0.319, 0.319},
-    {Family::kCudaCore, DType::kFloat16, 128, 0.269, 0.269, 0.234, 0.234},
-    {Family::kCudaCore, DType::kFloat16, 192, 0.385, 0.385, 0.371, 0.371},
-    {Family::kCudaCore, DType::kFloat16, 256, 0.269, 0.269, 0.235, 0.235},
-    {Family::kCudaCore, DType::kFloat32, 64, 0.173, 0.173, 0.139, 0.139},
-    {Family::kCudaCore, DType::kFloat32, 80, 0.284, 0.284, 0.255, 0.255},
-    {Family::kCudaCore, DType::kFloat32, 96, 0.237, 0.237, 0.212, 0.212},
-    {Family::kCudaCore, DType::kFloat32, 112, 0.203, 0.203, 0.182, 0.182},
-    {Family::kCudaCore, DType::kFloat32, 128, 0.172, 0.172, 0.14, 0.14},
-    {Family::kCudaCore, DType::kFloat32, 192, 0.219, 0.219, 0.182, 0.182},
-    {Family::kCudaCore, DType::kFloat32, 256, 0.153, 0.153, 0.128, 0.128},
-    {Family::kFp8, DType::kFloat16, 64, 0.301, 0.281, 0.271, 0.251},
-    {Family::kFp8, DType::kFloat16, 80, 0.436, 0.42, 0.334, 0.319},
-    {Family::kFp8, DType::kFloat16, 96, 0.353, 0.34, 0.27, 0.257},
-    {Family::kFp8, DType::kFloat16, 112, 0.31, 0.299, 0.249, 0.238},
-    {Family::kFp8, DType::kFloat16, 128, 0.266, 0.256, 0.209, 0.199},
-    {Family::kFp8, DType::kFloat16, 192, 0.253, 0.247, 0.174, 0.167},
-    {Family::kFp8, DType::kFloat16, 256, 0.195, 0.19, 0.144, 0.139},
-    {Family::kTc, DType::kBFloat16, 64, 0.141, 0.131, 0.12, 0.11},
-    {Family::kTc, DType::kBFloat16, 80, 0.206, 0.198, 0.184, 0.176},
-    {Family::kTc, DType::kBFloat16, 96, 0.172, 0.165, 0.148, 0.141},
-    {Family::kTc, DType::kBFloat16, 112, 0.155, 0.149, 0.138, 0.131},
-    {Family::kTc, DType::kBFloat16, 128, 0.123, 0.118, 0.107, 0.103},
-    {Family::kTc, DType::kBFloat16, 192, 0.184, 0.178, 0.154, 0.148},
-    {Family::kTc, DType::kBFloat16, 256, 0.138, 0.133, 0.12, 0.115},
-    {Family::kTc, DType::kFloat16, 64, 0.142, 0.132, 0.12, 0.11},
-    {Family::kTc, DType::kFloat16, 80, 0.207, 0.199, 0.184, 0.177},
-    {Family::kTc, DType::kFloat16, 96, 0.173, 0.166, 0.148, 0.142},
-    {Family::kTc, DType::kFloat16, 112, 0.155, 0.15, 0.138, 0.132},
-    {Family::kTc, DType::kFloat16, 128, 0.124, 0.119, 0.108, 0.103},
-    {Family::kTc, DType::kFloat16, 192, 0.185, 0.178, 0.155, 0.148},
-    {Family::kTc, DType::kFloat16, 256, 0.138, 0.133, 0.12, 0.115},
+    {Family::kCudaCore, DType::kBFloat16, 64, {0.265, 0.265, 326, 1187, 1180}, {0.246, 0.246, 229, 1166, 1159}},
+    {Family::kCudaCore, DType::kBFloat16, 80, {0.466, 0.466, 322, 1141, 1134}, {0.449, 0.449, 233, 1234, 1226}},
+    {Family::kCudaCore, DType::kBFloat16, 96, {0.389, 0.389, 322, 1141, 1134}, {0.374, 0.374, 233, 1234, 1226}},
+    {Family::kCudaCore, DType::kBFloat16, 112, {0.333, 0.333, 326, 1141, 1134}, {0.321, 0.321, 237, 1231, 1224}},
+    {Family::kCudaCore, DType::kBFloat16, 128, {0.269, 0.269, 324, 1102, 1095}, {0.246, 0.246, 229, 1086, 1079}},
+    {Family::kCudaCore, DType::kBFloat16, 192, {0.384, 0.384, 312, 1056, 1047}, {0.372, 0.372, 235, 1145, 1136}},
+    {Family::kCudaCore, DType::kBFloat16, 256, {0.268, 0.268, 298, 1020, 1013}, {0.248, 0.248, 222, 996, 989}},
+    {Family::kCudaCore, DType::kFloat16, 64, {0.268, 0.268, 310, 1192, 1185}, {0.234, 0.234, 239, 1158, 1151}},
+    {Family::kCudaCore, DType::kFloat16, 80, {0.466, 0.466, 318, 1141, 1134}, {0.449, 0.449, 234, 1234, 1226}},
+    {Family::kCudaCore, DType::kFloat16, 96, {0.389, 0.389, 318, 1141, 1134}, {0.374, 0.374, 234, 1234, 1226}},
+    {Family::kCudaCore, DType::kFloat16, 112, {0.333, 0.333, 323, 1141, 1134}, {0.321, 0.321, 237, 1233, 1226}},
+    {Family::kCudaCore, DType::kFloat16, 128, {0.269, 0.269, 310, 1110, 1103}, {0.235, 0.235, 239, 1079, 1072}},
+    {Family::kCudaCore, DType::kFloat16, 192, {0.384, 0.384, 311, 1056, 1047}, {0.372, 0.372, 233, 1147, 1138}},
+    {Family::kCudaCore, DType::kFloat16, 256, {0.269, 0.269, 292, 1021, 1013}, {0.236, 0.236, 233, 993, 986}},
+    {Family::kCudaCore, DType::kFloat32, 64, {0.173, 0.173, 302, 830, 760}, {0.141, 0.141, 226, 787, 717}},
+    {Family::kCudaCore, DType::kFloat32, 80, {0.286, 0.286, 294, 801, 731}, {0.259, 0.259, 229, 799, 731}},
+    {Family::kCudaCore, DType::kFloat32, 96, {0.238, 0.238, 294, 801, 731}, {0.215, 0.215, 229, 799, 731}},
+    {Family::kCudaCore, DType::kFloat32, 112, {0.204, 0.204, 297, 801, 731}, {0.184, 0.184, 233, 803, 735}},
+    {Family::kCudaCore, DType::kFloat32, 128, {0.172, 0.172, 287, 763, 693}, {0.141, 0.141, 220, 727, 657}},
+    {Family::kCudaCore, DType::kFloat32, 192, {0.22, 0.22, 303, 611, 603}, {0.185, 0.185, 237, 613, 605}},
+    {Family::kCudaCore, DType::kFloat32, 256, {0.153, 0.153, 300, 596, 590}, {0.129, 0.129, 233, 583, 577}},
+    {Family::kFp8, DType::kFloat16, 64, {0.301, 0.281, 707, 268, 221}, {0.277, 0.258, 715, 302, 386}},
+    {Family::kFp8, DType::kFloat16, 80, {0.431, 0.416, 657, 309, 279}, {0.342, 0.327, 641, 301, 273}},
+    {Family::kFp8, DType::kFloat16, 96, {0.358, 0.345, 348, 308, 272}, {0.275, 0.262, 342, 304, 254}},
+    {Family::kFp8, DType::kFloat16, 112, {0.318, 0.307, 720, 305, 276}, {0.251, 0.24, 722, 302, 268}},
+    {Family::kFp8, DType::kFloat16, 128, {0.266, 0.256, 344, 307, 259}, {0.21, 0.2, 339, 303, 253}},
+    {Family::kFp8, DType::kFloat16, 192, {0.248, 0.242, 540, 331, 308}, {0.176, 0.17, 425, 342, 328}},
+    {Family::kFp8, DType::kFloat16, 256, {0.195, 0.19, 514, 363, 361}, {0.143, 0.138, 410, 360, 346}},
+    {Family::kTc, DType::kBFloat16, 64, {0.141, 0.131, 656, 249, 220}, {0.12, 0.11, 564, 247, 218}},
+    {Family::kTc, DType::kBFloat16, 80, {0.203, 0.195, 589, 279, 274}, {0.184, 0.176, 509, 277, 272}},
+    {Family::kTc, DType::kBFloat16, 96, {0.168, 0.161, 440, 260, 241}, {0.147, 0.141, 370, 261, 246}},
+    {Family::kTc, DType::kBFloat16, 112, {0.152, 0.146, 636, 273, 266}, {0.138, 0.132, 560, 272, 265}},
+    {Family::kTc, DType::kBFloat16, 128, {0.124, 0.119, 457, 264, 263}, {0.11, 0.105, 375, 265, 264}},
+    {Family::kTc, DType::kBFloat16, 192, {0.184, 0.178, 491, 284, 305}, {0.158, 0.151, 418, 284, 305}},
+    {Family::kTc, DType::kBFloat16, 256, {0.138, 0.133, 462, 282, 331}, {0.122, 0.117, 387, 266, 316}},
+    {Family::kTc, DType::kFloat16, 64, {0.141, 0.131, 656, 251, 220}, {0.12, 0.11, 564, 249, 218}},
+    {Family::kTc, DType::kFloat16, 80, {0.204, 0.196, 589, 281, 274}, {0.184, 0.177, 509, 279, 272}},
+    {Family::kTc, DType::kFloat16, 96, {0.169, 0.162, 440, 262, 241}, {0.148, 0.141, 370, 263, 246}},
+    {Family::kTc, DType::kFloat16, 112, {0.152, 0.147, 636, 275, 266}, {0.138, 0.133, 560, 274, 265}},
+    {Family::kTc, DType::kFloat16, 128, {0.125, 0.12, 457, 266, 263}, {0.11, 0.105, 375, 267, 264}},
+    {Family::kTc, DType::kFloat16, 192, {0.185, 0.178, 491, 286, 305}, {0.158, 0.152, 418, 286, 305}},
+    {Family::kTc, DType::kFloat16, 256, {0.139, 0.134, 462, 284, 331}, {0.123, 0.118, 387, 268, 316}},
 };
-
-// Warp-instructions per warp outside the main loop (prologue + epilogue beyond the peeled last tile):
-// issue 31's SASS reading of bf16 head 128 TensorCoreMath (~880 + ~550, 16 IEEE divisions per lane
-// among them), taken for every pass-1 kernel until the static report carries per-row prologue_instr
-// and epilogue_instr (scripts/kernel_report.py) and a GPU measures the fixed phase (block_latency_us's
-// note).
-constexpr double kOutsideInstrPerWarp = 880 + 550;
 
 struct Cohort {
   long long count;
@@ -112,12 +107,11 @@ Pass1InstrRow pass1_instr_row(DType q, bool fp8, bool tensor_cores, int head_siz
   const Family f = fp8 ? Family::kFp8 : tensor_cores ? Family::kTc : Family::kCudaCore;
   if (fp8) q = DType::kFloat16;
   for (const InstrRow& r : kInstrRows)
-    if (r.family == f && r.q == q && r.d == head_size)
-      return {true, r.vllm, r.vllm_nocap, r.nhd, r.nhd_nocap, kOutsideInstrPerWarp};
+    if (r.family == f && r.q == q && r.d == head_size) return {true, r.vllm, r.nhd};
   return {};
 }
 
-Pass1Issue pass1_issue(const AttentionSpec& spec, int q_len, int num_sms, const CostConstants& k) {
+Pass1Issue pass1_issue(const AttentionSpec& spec, int q_len, int num_sms, bool v2, const CostConstants& k) {
   const int elem = static_cast<int>(spec.kv_elem_size());
   const bool tc = kernels::pass1_uses_tensor_cores(elem, kernels::pass1_rows(spec.group_size(), q_len));
   Pass1Issue r;
@@ -125,11 +119,10 @@ Pass1Issue pass1_issue(const AttentionSpec& spec, int q_len, int num_sms, const 
   r.num_sms = std::max(1, num_sms);
   const Pass1InstrRow row = pass1_instr_row(spec.dtype, elem == 1, tc, spec.head_size);
   if (row.found) {
-    const bool nhd = spec.layout == KVLayout::kNHD, cap = spec.logit_softcap > 0;
-    const double at4 = nhd ? (cap ? row.per_byte_nhd : row.per_byte_nhd_nocap)
-                           : (cap ? row.per_byte_vllm : row.per_byte_vllm_nocap);
+    const Pass1InstrRow::Layout& l = spec.layout == KVLayout::kNHD ? row.nhd : row.vllm;
+    const double at4 = spec.logit_softcap > 0 ? l.per_byte : l.per_byte_nocap;
     r.loop_instr_per_byte = tc ? at4 : at4 * r.warps / 4.0;
-    r.outside_instr = row.outside_per_warp;
+    r.outside_instr = l.prologue + (v2 ? l.epilogue_v2 : l.epilogue_v1);
   }
   if (k.loop_instr_per_byte_override >= 0) r.loop_instr_per_byte = k.loop_instr_per_byte_override;
   if (k.outside_instr_override >= 0) r.outside_instr = k.outside_instr_override;
@@ -310,7 +303,7 @@ CostBreakdown predict_call(const ExecutorConfig& c, const BucketPlan& p, int len
   const long long slots = pass1_slots(c, p.q_len);
 
   CostBreakdown r;
-  const Pass1Issue issue = pass1_issue(s, p.q_len, c.device_model.num_sms, k);
+  const Pass1Issue issue = pass1_issue(s, p.q_len, c.device_model.num_sms, v2, k);
   // Pass 1 three times: as it is; without block fixed phases and idle blocks (the difference is the
   // fixed term); and also without the issue cap (the difference to the second is the cap's share).
   CostConstants no_fixed = k;

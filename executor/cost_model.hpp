@@ -62,10 +62,12 @@ struct CostConstants {
   double l2_bytes = 50.0 * 1024 * 1024;
   /// The merge block's straight-line warp-instructions on its dependent chain (maxima, weights,
   /// folds, the tree, the stores), issued at the SM's issue rate shared by the merge warps resident on
-  /// a sub-partition. Issue 31's SASS reading of MergePartitionsKernel (~940); to be replaced by the
-  /// static report's prologue_instr + epilogue_instr of the merge rows, and measured with
-  /// l2_round_trip_us (decode_loop: the merge's share of V2 at batch 1).
-  double merge_chain_instr = 940;
+  /// a sub-partition. The static report's MergePartitionsKernel<bf16 / fp16>, prologue_instr +
+  /// epilogue_instr = 471 + 295 (bench/results/static/after-fixed.json; issue 31 read ~940 before the
+  /// cut; CostModel.InstructionTableMatchesTheStaticReport checks it); its fold loop's further rounds
+  /// count as round trips only. To be measured with l2_round_trip_us (decode_loop: the merge's share
+  /// of V2 at batch 1).
+  double merge_chain_instr = 471 + 295;
   /// Registers per thread and static shared memory of MergePartitionsKernel (ptxas -v for sm_90,
   /// bench/results/static/after-fixed.json; Occupancy.ModelMatchesTheStaticReport checks them): its
   /// residency follows from them.
@@ -106,14 +108,18 @@ struct Pass1Issue {
 };
 
 /// The issue figures of the pass-1 kernel `spec` at `q_len` launches (the static report's row of
-/// its math, head size, layout and dtype; the soft-cap's path where the spec caps logits).
-Pass1Issue pass1_issue(const AttentionSpec& spec, int q_len, int num_sms, const CostConstants& k = kCostConstants);
+/// its math, head size, layout and dtype; the soft-cap's path where the spec caps logits; the V2 or
+/// V1 epilogue).
+Pass1Issue pass1_issue(const AttentionSpec& spec, int q_len, int num_sms, bool v2, const CostConstants& k = kCostConstants);
 
-/// The static report's row for one pass-1 kernel family (tests check it against the JSON).
+/// The static report's figures for one pass-1 kernel family (tests check them against the JSON).
 struct Pass1InstrRow {
+  struct Layout {
+    double per_byte = 0, per_byte_nocap = 0;           // main loop, per K+V byte at 4 warps
+    double prologue = 0, epilogue_v2 = 0, epilogue_v1 = 0;  // per warp, outside the tiles
+  };
   bool found = false;
-  double per_byte_vllm = 0, per_byte_vllm_nocap = 0, per_byte_nhd = 0, per_byte_nhd_nocap = 0;  // at 4 warps
-  double outside_per_warp = 0;
+  Layout vllm, nhd;
 };
 /// `tensor_cores`: TensorCoreMath; `fp8`: an fp8 cache (tensor cores, any q dtype).
 Pass1InstrRow pass1_instr_row(DType q, bool fp8, bool tensor_cores, int head_size);

@@ -210,19 +210,18 @@ TEST(ExecutorHost, MeasuredKeepsTheFastestCandidateAndRecordsEveryTime) {
   c.policy = KernelPolicy::kMeasured;
   c.device_model.num_sms = 132;
   c.device_model.blocks_per_sm = 5;
-  // Batch bucket 4 (8 blocks per partition), band (2048, 4096]: kAuto's cost model picks V2 at 128
-  // tokens (since issue 31 the model counts each block's prologue and epilogue, so 64 tokens' twice
-  // as many blocks cost more than they save), and kMeasured times V1, 128, half (64) and twice (256).
+  // Batch bucket 4 (8 blocks per partition), band (2048, 4096]: kAuto's cost model picks V2 at its
+  // shortest partition, 64 tokens (the candidates are V1, 64 and 128: 32 is below the shortest).
   const BucketPlan before = plan_buckets(c)[2 * 4 + 3];
   ASSERT_EQ(before.batch, 4);
   ASSERT_EQ(before.band_hi, 4096);
   ASSERT_EQ(before.kernel, KernelKind::kV2);
-  ASSERT_EQ(before.partition_size, 128);
+  ASSERT_EQ(before.partition_size, 64);
   int calls = 0;
   c.measure_clock = [&](const BucketPlan& b, const PlanCandidate& cand) {
     ++calls;
     EXPECT_EQ(b.batch, 4);
-    return by_candidate(b, cand, 50.0, 30.0, 20.0, 10.0, 128);  // twice kAuto's P is fastest
+    return by_candidate(b, cand, 50.0, 30.0, 20.0, 10.0, 64);  // twice kAuto's P is fastest
   };
   c.band_select = BandSelect::kHost;  // kHost semantics: one graph per distinct plan, band chosen on the host
   Executor ex(c);
@@ -231,19 +230,18 @@ TEST(ExecutorHost, MeasuredKeepsTheFastestCandidateAndRecordsEveryTime) {
   const StepResult r = ex.step(w.inputs());
   EXPECT_TRUE(r.measured);
   EXPECT_TRUE(r.captured);
-  EXPECT_EQ(calls, 4);  // V1, 128, 64, 256
+  EXPECT_EQ(calls, 3);  // V1, 64, 128
   const BucketPlan& p = ex.plan_for(r);
   EXPECT_EQ(p.reason, PlanReason::kMeasuredFastest);
   EXPECT_EQ(p.kernel, KernelKind::kV2);
-  EXPECT_EQ(p.partition_size, 256);
-  EXPECT_EQ(r.partition_size, 256);
-  ASSERT_EQ(p.candidates.size(), 4u);
+  EXPECT_EQ(p.partition_size, 128);
+  EXPECT_EQ(r.partition_size, 128);
+  ASSERT_EQ(p.candidates.size(), 3u);
   EXPECT_EQ(p.candidates[0].us, 50.0);
   EXPECT_EQ(p.candidates[1].us, 30.0);
-  EXPECT_EQ(p.candidates[2].us, 20.0);
-  EXPECT_EQ(p.candidates[3].us, 10.0);
+  EXPECT_EQ(p.candidates[2].us, 10.0);
   for (const PlanCandidate& k : p.candidates) EXPECT_GT(k.predicted_us, 0.0);  // the model's, beside each
-  EXPECT_NE(describe_reason(p).find("v2/P256 10.0 us"), std::string::npos) << describe_reason(p);
+  EXPECT_NE(describe_reason(p).find("v2/P128 10.0 us"), std::string::npos) << describe_reason(p);
   EXPECT_TRUE(w.check_layer(ex, 0));
   EXPECT_TRUE(w.check_layer(ex, 1));
   EXPECT_TRUE(w.check_appended(ex, 1));
@@ -253,11 +251,11 @@ TEST(ExecutorHost, MeasuredKeepsTheFastestCandidateAndRecordsEveryTime) {
   const StepResult r2 = ex.step(w.inputs());
   EXPECT_FALSE(r2.measured);
   EXPECT_FALSE(r2.captured);
-  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(calls, 3);
   EXPECT_TRUE(w.check_layer(ex, 0));
   const ExecutorStats st = ex.stats();
   EXPECT_EQ(st.measured_buckets, 1);
-  EXPECT_EQ(st.candidate_graphs, 4);
+  EXPECT_EQ(st.candidate_graphs, 3);
   EXPECT_GE(st.measure_ms, 0.0);
   EXPECT_EQ(st.undecided_buckets, st.buckets - 1);
   EXPECT_EQ(st.total_captures, 1);
