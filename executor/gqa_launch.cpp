@@ -31,7 +31,7 @@ namespace {
 
 PlanPrediction prediction(const ExecutorConfig& c, const BucketPlan& p, int len) {
   const CostBreakdown b = predict_call(c, p, len);
-  return PlanPrediction{len, b.us, b.roof_share};
+  return PlanPrediction{len, b.us, b.roof_share, b.loop_us, b.fixed_us, b.merge_us, b.launch_us, b.issue_us};
 }
 
 }  // namespace

@@ -32,10 +32,15 @@ long long round_up(long long a, long long b) { return ceil_div(a, b) * b; }
 /// number of cache blocks, below which that rule does not look at what partitions cost.
 long long min_partition(int block_size) { return round_up(256, block_size); }
 
-/// kAuto's shortest candidate: 64 tokens (4 tiles of 16), rounded up to the block size. Shorter
-/// partitions only help where 64 already gives every resident slot a block at batch 1; the cost model
-/// weighs the merge, the partials and each block's fixed cost above it.
-long long auto_min_partition(int block_size) { return round_up(64, block_size); }
+/// kAuto's shortest candidate: 64 tokens (4 tiles of 16), rounded up to the block size; for a short
+/// planned length (a window, or a band up to kShortPlannedLen) one cache block, so that a window can
+/// be split over as many blocks as it has cache blocks (issue 31, item 5). Elsewhere shorter
+/// partitions only help where 64 already gives every resident slot a block at batch 1; the cost
+/// model weighs the merge, the partials and each block's fixed cost against the stream they split.
+constexpr long long kShortPlannedLen = 1024;
+long long auto_min_partition(int block_size, long long planned_hi) {
+  return planned_hi <= kShortPlannedLen ? block_size : round_up(64, block_size);
+}
 
 /// The longest balanced P >= min_p that gives at least min_parts partitions of len (see below).
 long long balanced_partition(long long len, long long min_parts, int block_size, long long min_p) {
@@ -95,8 +100,8 @@ constexpr long long kMaxAutoWaves = 16;
 
 std::vector<int> auto_v2_sizes(const BucketPlan& p, const ExecutorConfig& c) {
   const int bs = c.spec.block_size;
-  const long long min_p = auto_min_partition(bs);
   const std::array<int, 3> lens = band_lengths(c, p);
+  const long long min_p = auto_min_partition(bs, lens[2]);
   const long long hi = lens[2];
   const long long longest = round_up(hi, bs);  // one partition at the upper edge
   const long long per = blocks_per_partition(c.spec, p.batch, p.q_len);
@@ -167,7 +172,7 @@ std::vector<PlanCandidate> measure_candidates(const BucketPlan& p, const Executo
   const int auto_p = least_regret(auto_candidates(p, c), /*v2_only=*/true).plan.partition_size;
   std::vector<int> sizes = {auto_p};
   if (c.partition_size == 0) {
-    const long long min_p = auto_min_partition(bs);
+    const long long min_p = auto_min_partition(bs, planned_hi(c, p));
     const long long longest = round_up(planned_hi(c, p), bs);
     for (long long q : {static_cast<long long>(auto_p) / 2 / bs * bs, 2LL * auto_p})
       if (q >= min_p && q < longest && q != auto_p) sizes.push_back(static_cast<int>(q));

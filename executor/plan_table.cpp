@@ -82,16 +82,19 @@ std::string format_plan_table(const std::vector<BucketPlan>& plans) {
   char line[640];
   if (groups) os << "group ";
   if (qlens) os << " n ";
-  std::snprintf(line, sizeof line, "%6s %5s %15s %6s %6s %6s %16s %10s %10s %7s %7s %8s %6s %8s %14s %6s  %s\n",
+  std::snprintf(line, sizeof line, "%6s %5s %15s %6s %6s %6s %16s %10s %10s %7s %7s %8s %6s %8s %22s %14s %6s  %s\n",
                 "batch", "band", "lengths", "kernel", "P", "parts", "grid (x,y,z)", "merge", "workspace", "blocks",
-                "target", "live@lo", "waves", "pred us", "roof% lo/mid/hi", "graph", "why");
+                "target", "live@lo", "waves", "pred us", "loop/fixed/merge/launch", "roof% lo/mid/hi", "graph", "why");
   os << line;
   for (const BucketPlan& p : plans) {
-    char lengths[40], grid[40], merge[40], part[16], graph[16], roof[40];
+    char lengths[40], grid[40], merge[40], part[16], graph[16], roof[40], split[64];
     std::snprintf(lengths, sizeof lengths, "(%d,%d]", p.band_lo, p.band_hi);
     std::snprintf(grid, sizeof grid, "%d,%d,%d", p.grid_x, p.grid_y, p.grid_z);
     std::snprintf(roof, sizeof roof, "%.0f/%.0f/%.0f", 100 * p.predicted_lo.roof_share, 100 * p.predicted_mid.roof_share,
                   100 * p.predicted_hi.roof_share);
+    // pred us at the upper edge, broken down (docs/planning.md, "The cost model").
+    const PlanPrediction& hi = p.predicted_hi;
+    std::snprintf(split, sizeof split, "%.1f/%.1f/%.1f/%.1f", hi.loop_us, hi.fixed_us, hi.merge_us, hi.launch_us);
     const bool v2 = p.kernel == KernelKind::kV2;
     if (v2) {
       std::snprintf(merge, sizeof merge, "%d,%d,%d", p.merge_grid_x, p.merge_grid_y, p.merge_grid_z);
@@ -114,9 +117,9 @@ std::string format_plan_table(const std::vector<BucketPlan>& plans) {
       std::snprintf(n, sizeof n, "%2d ", p.q_len);
       os << n;
     }
-    std::snprintf(line, sizeof line, "%6d %5d %15s %6s %6s %6d %16s %10s %10zu %7d %7d %8d %6.2f %8.1f %14s %6s  %s\n",
+    std::snprintf(line, sizeof line, "%6d %5d %15s %6s %6s %6d %16s %10s %10zu %7d %7d %8d %6.2f %8.1f %22s %14s %6s  %s\n",
                   p.batch, p.band, lengths, to_string(p.kernel), part, p.max_partitions, grid, merge, p.workspace_bytes,
-                  p.blocks, p.target_blocks, p.live_blocks_at_band_lo, p.waves, p.predicted_hi.us, roof, graph,
+                  p.blocks, p.target_blocks, p.live_blocks_at_band_lo, p.waves, p.predicted_hi.us, split, roof, graph,
                   describe_reason(p).c_str());
     os << line;
   }

@@ -11,22 +11,22 @@
 
 namespace dgloop {
 
-double interpolate_prediction(const ModelPoints& m, double len) {
+double interpolate_prediction(const ModelPoints& m, double len, double dg::PlanPrediction::*field) {
   const dg::PlanPrediction* pts[3] = {&m.lo, &m.mid, &m.hi};
-  if (len <= pts[0]->len) return pts[0]->us;
+  if (len <= pts[0]->len) return pts[0]->*field;
   for (int i = 0; i < 2; ++i) {
     const dg::PlanPrediction& a = *pts[i];
     const dg::PlanPrediction& b = *pts[i + 1];
     if (len > b.len) continue;
-    if (b.len == a.len) return b.us;  // a one-length segment (a band of one or two lengths)
-    return a.us + (b.us - a.us) * (len - a.len) / (b.len - a.len);
+    if (b.len == a.len) return b.*field;  // a one-length segment (a band of one or two lengths)
+    return a.*field + (b.*field - a.*field) * (len - a.len) / (b.len - a.len);
   }
-  return pts[2]->us;
+  return pts[2]->*field;
 }
 
-double predicted_step_us(const std::vector<ModelPoints>& model, double len) {
+double predicted_step_us(const std::vector<ModelPoints>& model, double len, double dg::PlanPrediction::*field) {
   double us = 0;
-  for (const ModelPoints& m : model) us += m.layers * interpolate_prediction(m, len);
+  for (const ModelPoints& m : model) us += m.layers * interpolate_prediction(m, len, field);
   return us;
 }
 
@@ -60,7 +60,14 @@ std::vector<BandRow> band_rows(const std::vector<StepRecord>& recs, double read_
     // The model at the lengths graph p50 was measured at. The last step's plans: kMeasured's are
     // final once the bucket has been captured.
     row.predicted_len = graph.empty() ? len_all / static_cast<double>(g.size()) : len_timed / static_cast<double>(graph.size());
-    if (!g.back()->model.empty()) row.predicted_us = predicted_step_us(g.back()->model, row.predicted_len);
+    if (!g.back()->model.empty()) {
+      const std::vector<ModelPoints>& m = g.back()->model;
+      row.predicted_us = predicted_step_us(m, row.predicted_len);
+      row.predicted_loop_us = predicted_step_us(m, row.predicted_len, &dg::PlanPrediction::loop_us);
+      row.predicted_fixed_us = predicted_step_us(m, row.predicted_len, &dg::PlanPrediction::fixed_us);
+      row.predicted_merge_us = predicted_step_us(m, row.predicted_len, &dg::PlanPrediction::merge_us);
+      row.predicted_launch_us = predicted_step_us(m, row.predicted_len, &dg::PlanPrediction::launch_us);
+    }
     row.bytes_per_step = bytes / static_cast<double>(g.size());
     row.eager_p50 = dgbench::percentile(eager, 50);
     row.eager_p99 = dgbench::percentile(eager, 99);
@@ -145,6 +152,24 @@ const std::vector<BandColumn>& band_columns() {
       {"predicted_us", [](const BandRow& b) { return num_or_null(b.predicted_us, b.predicted_us >= 0); },
        [](const BandRow& b) { return b.predicted_us >= 0 ? us_csv(b.predicted_us) : std::string("n/a"); }, "model us",
        [](const BandRow& b) { return b.predicted_us >= 0 ? fmt::format("{:.1f}", b.predicted_us) : std::string("-"); }},
+      // The model's breakdown: one text cell "loop/fixed/merge/launch", four JSON and CSV fields.
+      {"predicted_loop_us", [](const BandRow& b) { return num_or_null(b.predicted_loop_us, b.predicted_us >= 0); },
+       [](const BandRow& b) { return b.predicted_us >= 0 ? us_csv(b.predicted_loop_us) : std::string("n/a"); },
+       "model loop/fixed/merge/launch",
+       [](const BandRow& b) {
+         return b.predicted_us >= 0 ? fmt::format("{:.1f}/{:.1f}/{:.1f}/{:.1f}", b.predicted_loop_us, b.predicted_fixed_us,
+                                                  b.predicted_merge_us, b.predicted_launch_us)
+                                    : std::string("-");
+       }},
+      {"predicted_fixed_us", [](const BandRow& b) { return num_or_null(b.predicted_fixed_us, b.predicted_us >= 0); },
+       [](const BandRow& b) { return b.predicted_us >= 0 ? us_csv(b.predicted_fixed_us) : std::string("n/a"); }, nullptr,
+       nullptr},
+      {"predicted_merge_us", [](const BandRow& b) { return num_or_null(b.predicted_merge_us, b.predicted_us >= 0); },
+       [](const BandRow& b) { return b.predicted_us >= 0 ? us_csv(b.predicted_merge_us) : std::string("n/a"); }, nullptr,
+       nullptr},
+      {"predicted_launch_us", [](const BandRow& b) { return num_or_null(b.predicted_launch_us, b.predicted_us >= 0); },
+       [](const BandRow& b) { return b.predicted_us >= 0 ? us_csv(b.predicted_launch_us) : std::string("n/a"); }, nullptr,
+       nullptr},
       {"predicted_len", [](const BandRow& b) { return num_or_null(b.predicted_len); },
        [](const BandRow& b) { return fmt::format("{:.1f}", b.predicted_len); }, nullptr, nullptr},
       {"graph_over_predicted",
@@ -201,7 +226,9 @@ std::string band_report(const std::vector<BandRow>& rows, int batch, int layers,
        "p50.\n";
   s += "  model us = the planner's cost model for the step: the sum over layers of its layer group's plan's\n"
        "  one-call prediction (BucketPlan::predicted_lo/_mid/_hi), linearly interpolated in length between lo, mid\n"
-       "  and hi at the mean length of the steps measured in the row; graph/model = graph p50 / model us.\n";
+       "  and hi at the mean length of the steps measured in the row; graph/model = graph p50 / model us.\n"
+       "  model loop/fixed/merge/launch = model us broken down: pass 1's main loop, its blocks' fixed phases\n"
+       "  (latency chain, instructions outside the loop), the V2 merge, kernel floors and launch gaps.\n";
   if (!gpu)
     s += "  graph/model means nothing on the host backend: its timings are CPU timings, the model's a GPU's.\n"
          "  % read bw, % copy bw: n/a on the host backend (no device bandwidth to compare with).\n";

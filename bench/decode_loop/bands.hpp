@@ -21,10 +21,13 @@ struct ModelPoints {
 /// interpolated between the plan's three predictions (lo-mid below mid.len, mid-hi above); outside
 /// [lo.len, hi.len] the nearest end's value (the model is only evaluated at those three lengths). A
 /// windowed group's points are at min(L, W), so holding the ends reads it at min(len, W) too.
-double interpolate_prediction(const ModelPoints& m, double len);
+/// `field`: which part of the prediction (us, or one term of its breakdown: loop_us, fixed_us,
+/// merge_us, launch_us), interpolated the same way.
+double interpolate_prediction(const ModelPoints& m, double len, double dg::PlanPrediction::*field = &dg::PlanPrediction::us);
 /// Every layer's attention of one step at `len` tokens per sequence: the sum of layers x
 /// interpolate_prediction over `model`.
-double predicted_step_us(const std::vector<ModelPoints>& model, double len);
+double predicted_step_us(const std::vector<ModelPoints>& model, double len,
+                         double dg::PlanPrediction::*field = &dg::PlanPrediction::us);
 
 /// One step of the loop: what the executor chose and reported, and both timings.
 struct StepRecord {
@@ -70,6 +73,9 @@ struct BandRow {
   /// steps graph p50 is over (all the row's steps where none replayed); -1: no prediction.
   double predicted_len = 0;
   double predicted_us = -1;
+  /// predicted_us broken down (PlanPrediction's terms, interpolated the same way; they add up to it):
+  /// pass 1's main loop, its blocks' fixed phases, the merge, the launch gaps and kernel floors.
+  double predicted_loop_us = 0, predicted_fixed_us = 0, predicted_merge_us = 0, predicted_launch_us = 0;
   double graph_over_predicted = -1;  // graph p50 / predicted_us; -1: n/a
 };
 

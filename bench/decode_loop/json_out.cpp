@@ -33,7 +33,11 @@ json plan_json(const dg::BucketPlan& p) {
             {"merge_grid", {p.merge_grid_x, p.merge_grid_y}},
             {"workspace_bytes", p.workspace_bytes}};
   // The cost model's one-call predictions the per-band table's "model us" interpolates between.
-  auto pred = [](const dg::PlanPrediction& x) { return json{{"len", x.len}, {"us", x.us}, {"roof_share", x.roof_share}}; };
+  auto pred = [](const dg::PlanPrediction& x) {
+    return json{{"len", x.len},         {"us", x.us},           {"roof_share", x.roof_share},
+                {"loop_us", x.loop_us}, {"fixed_us", x.fixed_us}, {"merge_us", x.merge_us},
+                {"launch_us", x.launch_us}, {"issue_us", x.issue_us}};
+  };
   j["predicted_lo"] = pred(p.predicted_lo);
   j["predicted_mid"] = pred(p.predicted_mid);
   j["predicted_hi"] = pred(p.predicted_hi);

@@ -137,6 +137,12 @@ struct PlanPrediction {
   int len = 0;
   double us = -1;          // microseconds of one attention call (every kernel of one layer)
   double roof_share = 0;   // bench's bytes model (K+V, q, out, V2 partials) / (us x the model's read bandwidth)
+  // us broken down (docs/planning.md, "The cost model"): us = loop_us + fixed_us + merge_us + launch_us.
+  double loop_us = 0;      // pass 1's main loop: its blocks streaming (at the roof, their own rate or the issue cap)
+  double fixed_us = 0;     // pass 1's block fixed phases: latency chain, prologue/epilogue instructions, idle blocks
+  double merge_us = 0;     // V2's merge kernel (0 for V1)
+  double launch_us = 0;    // kernel floors and the launch gaps between graph nodes
+  double issue_us = 0;     // of loop_us: what the SM's instruction issue rate adds (0: not issue-bound)
 };
 
 /// One launch kMeasured times for a bucket.

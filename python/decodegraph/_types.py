@@ -417,11 +417,18 @@ class PlanCandidate:
 @dataclass
 class PlanPrediction:
     """The cost model's microseconds per attention call, and share of the read roof, when every
-    sequence has ``len`` tokens (C++ ``PlanPrediction``). Predictions, not measurements."""
+    sequence has ``len`` tokens (C++ ``PlanPrediction``), with ``us`` broken down: ``loop_us`` +
+    ``fixed_us`` + ``merge_us`` + ``launch_us`` (``issue_us``: the part of ``loop_us`` the SM's
+    instruction issue adds). Predictions, not measurements."""
 
     len: int
     us: float
     roof_share: float
+    loop_us: float = 0.0
+    fixed_us: float = 0.0
+    merge_us: float = 0.0
+    launch_us: float = 0.0
+    issue_us: float = 0.0
 
 
 @dataclass

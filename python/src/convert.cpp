@@ -93,6 +93,11 @@ nb::dict to_py(const dg::PlanPrediction& p) {
   d["len"] = p.len;
   d["us"] = p.us;
   d["roof_share"] = p.roof_share;
+  d["loop_us"] = p.loop_us;
+  d["fixed_us"] = p.fixed_us;
+  d["merge_us"] = p.merge_us;
+  d["launch_us"] = p.launch_us;
+  d["issue_us"] = p.issue_us;
   return d;
 }
 

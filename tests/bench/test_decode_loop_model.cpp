@@ -56,6 +56,18 @@ TEST(DecodeLoopModel, SumsLayersTimesEachGroupsPrediction) {
   EXPECT_NEAR(dgloop::predicted_step_us(model, 125), 3 * 4.0 + 2 * 11.5, kTol);
 }
 
+TEST(DecodeLoopModel, TheBreakdownIsInterpolatedLikeTheTotal) {
+  // The model's terms (loop, fixed, merge, launch) at each point add up to its us; interpolated the
+  // same way, so do the row's: halfway lo-mid, loop 4 + (8 - 4) / 2 = 6, fixed 2, merge 1.5, launch 3.2.
+  ModelPoints m = points(2, 513, 10.7, 769, 15.2, 1024, 19.5);
+  m.lo.loop_us = 4.0, m.lo.fixed_us = 2.0, m.lo.merge_us = 1.5, m.lo.launch_us = 3.2;
+  m.mid.loop_us = 8.0, m.mid.fixed_us = 2.0, m.mid.merge_us = 2.0, m.mid.launch_us = 3.2;
+  EXPECT_NEAR(dgloop::interpolate_prediction(m, 641, &decodegraph::PlanPrediction::loop_us), 6.0, kTol);
+  EXPECT_NEAR(dgloop::interpolate_prediction(m, 641, &decodegraph::PlanPrediction::merge_us), 1.75, kTol);
+  EXPECT_NEAR(dgloop::predicted_step_us({m}, 641, &decodegraph::PlanPrediction::launch_us), 2 * 3.2, kTol);
+  EXPECT_NEAR(dgloop::predicted_step_us({m}, 641), 2 * (10.7 + 15.2) / 2, kTol);
+}
+
 TEST(DecodeLoopModel, BandRowsUseTheTimedStepsMeanLength) {
   std::vector<dgloop::StepRecord> recs(3);
   const std::vector<ModelPoints> model = {points(2, 1025, 5.0, 1537, 9.0, 2048, 13.0)};
@@ -119,10 +131,22 @@ void check_run(const nlohmann::json& doc, const std::map<int, int>& layers_of_gr
     for (const nlohmann::json& p : doc["plans"]) {
       if (p["band"] != b["band"] || p["q_len"] != b["q_len"] || p["batch"].get<int>() != bucket) continue;
       want += layers_of_group.at(p["group"].get<int>()) * one_call(p, len);
+      for (const char* at : {"predicted_lo", "predicted_mid", "predicted_hi"}) {
+        const nlohmann::json& x = p[at];
+        EXPECT_NEAR(x["loop_us"].get<double>() + x["fixed_us"].get<double>() + x["merge_us"].get<double>() +
+                        x["launch_us"].get<double>(),
+                    x["us"].get<double>(), 1e-9 * x["us"].get<double>())
+            << x.dump();
+        EXPECT_GE(x["issue_us"].get<double>(), 0) << x.dump();
+      }
       ++groups_found;
     }
     EXPECT_EQ(groups_found, static_cast<int>(layers_of_group.size())) << b.dump();
     EXPECT_NEAR(b["predicted_us"].get<double>(), want, 1e-12 * want) << b.dump();
+    // Its breakdown adds up to it (each plan's terms add up to its us at every point).
+    const double parts = b["predicted_loop_us"].get<double>() + b["predicted_fixed_us"].get<double>() +
+                         b["predicted_merge_us"].get<double>() + b["predicted_launch_us"].get<double>();
+    EXPECT_NEAR(parts, want, 1e-9 * want) << b.dump();
     const double ratio = b["graph_p50_us"].get<double>() / want;
     EXPECT_NEAR(b["graph_over_predicted"].get<double>(), ratio, 1e-12 * ratio) << b.dump();
   }

@@ -389,7 +389,7 @@ TEST(Plan, InvariantsHoldOverRandomShapesDeviceModelsAndBands) {
     const long long target = static_cast<long long>(c.device_model.num_sms) * c.device_model.blocks_per_sm;
     const int bs = s.block_size;
     const long long min_p = cdiv(256, bs) * bs;       // the fill rule's
-    const long long auto_min_p = cdiv(64, bs) * bs;   // kAuto's shortest
+    const long long auto_min_p = cdiv(64, bs) * bs;   // kAuto's shortest (one cache block up to 1,024 planned tokens)
     const int chunks = cdiv(group, next_pow2(std::min(group, 16)));
 
     c.policy = KernelPolicy::kAuto;
@@ -472,7 +472,7 @@ TEST(Plan, InvariantsHoldOverRandomShapesDeviceModelsAndBands) {
         ++v1_plans;
       } else {
         ++v2_plans;
-        ASSERT_GE(p.partition_size, auto_min_p) << where;
+        ASSERT_GE(p.partition_size, detail::planned_hi(resolved, p) <= 1024 ? bs : auto_min_p) << where;
         ASSERT_LE(p.partition_size, cdiv(p.band_hi, bs) * bs) << where;
       }
       // Where the model's arithmetic decides by itself: with every block resident at once
@@ -645,7 +645,7 @@ TEST(Plan, TableShowsThePredictionsAndWhy) {
   const AttentionSpec s = make_spec(32, 32);
   const auto plans = plan_buckets(plan_config(s, 64, 16384, KernelPolicy::kAuto));
   const std::string table = format_plan_table(plans);
-  for (const char* col : {"kernel", "blocks", "target", "live@lo", "waves", "pred us", "roof% lo/mid/hi", "graph", "why"})
+  for (const char* col : {"kernel", "blocks", "target", "live@lo", "waves", "pred us", "loop/fixed/merge/launch", "roof% lo/mid/hi", "graph", "why"})
     EXPECT_NE(table.find(col), std::string::npos) << col << "\n" << table;
   EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), static_cast<long>(plans.size()) + 1);
   // kAuto says it chose by predicted time, with the regret, the candidates and the three times.
