@@ -198,6 +198,7 @@ struct TileLoader {
       // V: the page is [d][token in block]; a chunk is CE consecutive tokens of one d.
       const char* vb = v_base + t0 * E;
       if (CE > 8 && block_size < CE) {
+        // static-report: begin page8
         // fp8 pages of 8 tokens (block-uniform): a d-row of a block is 8 bytes, so stage chunk
         // (d, token group g) takes two halves, tokens 16g .. 16g + 7 and 16g + 8 .. 16g + 15 from
         // the group's two blocks (t0 = 0: tiles start on a block). Consecutive threads take
@@ -215,6 +216,7 @@ struct TileLoader {
           }
         }
         return;
+        // static-report: end page8
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
