@@ -359,7 +359,8 @@ TEST(CostModel, Fp8IsIssueBoundAtBatch1x32KAndBf16IsNot) {
   const BucketPlan& f = plan_at(fp8_plans, 1, 32768);
   const double kv = 32768.0 * 8 * 256;
   EXPECT_GE(f.predicted_hi.loop_us, kv / (132 * 4 * 1584 / 0.223) - 1e-9);
-  EXPECT_GT(f.predicted_hi.issue_us, 0.15 * f.predicted_hi.loop_us);
+  // The cap's share of the loop: 1 - 3.75 / 4.3 = 13 % above the roof's time.
+  EXPECT_GT(f.predicted_hi.issue_us, 0.10 * f.predicted_hi.loop_us);
   const BucketPlan& b = plan_at(bf16_plans, 1, 32768);
   EXPECT_EQ(b.predicted_hi.issue_us, 0);
   EXPECT_GT(b.predicted_hi.loop_us, 0);
