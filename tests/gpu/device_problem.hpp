@@ -136,17 +136,7 @@ struct DeviceProblem {
   }
 };
 
-inline AttentionSpec make_spec(DType dtype, int head_size, int block_size, KVLayout layout, int q_heads,
-                        int kv_heads) {
-  AttentionSpec s;
-  s.dtype = dtype;
-  s.head_size = head_size;
-  s.block_size = block_size;
-  s.layout = layout;
-  s.num_q_heads = q_heads;
-  s.num_kv_heads = kv_heads;
-  return s;
-}
+using dgtest::make_spec;
 
 inline std::string describe(const AttentionSpec& s) {
   return std::string(to_string(s.dtype)) + " D=" + std::to_string(s.head_size) + " bs=" +

@@ -21,6 +21,19 @@ using decodegraph::AttentionSpec;
 using decodegraph::DecodeArgs;
 using decodegraph::KVLayout;
 
+/// A spec of the given dtype, head size, block size, layout and head counts (the rest default).
+inline AttentionSpec make_spec(decodegraph::DType dtype, int head_size, int block_size, KVLayout layout, int q_heads,
+                               int kv_heads) {
+  AttentionSpec s;
+  s.dtype = dtype;
+  s.head_size = head_size;
+  s.block_size = block_size;
+  s.layout = layout;
+  s.num_q_heads = q_heads;
+  s.num_kv_heads = kv_heads;
+  return s;
+}
+
 /// Tolerances |out - ref| <= atol + rtol * |ref| against the float64 reference. The numerical
 /// contract (docs/design.md, tests/kernels/numerics.hpp) bounds the kernels' own error per element;
 /// these are its consequence for the tests' inputs (|q|, |k|, |v| <= 1, up to ~100K tokens):

@@ -303,16 +303,7 @@ TEST_P(SimPdlChain, SameBitsWithAndWithoutPdl) {
   }
 }
 
-AttentionSpec make_spec(DType dtype, int head_size, int block_size, KVLayout layout, int q_heads, int kv_heads) {
-  AttentionSpec s;
-  s.dtype = dtype;
-  s.head_size = head_size;
-  s.block_size = block_size;
-  s.layout = layout;
-  s.num_q_heads = q_heads;
-  s.num_kv_heads = kv_heads;
-  return s;
-}
+using dgtest::make_spec;
 
 std::vector<ChainCase> chain_cases() {
   // fp16 with groups of 4: the tensor-core pass 1; fp32: the CUDA-core one.
